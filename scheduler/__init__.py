@@ -1,0 +1,1 @@
+"""Token-budget batching, the trie index and the CPU-prep / model-worker pipeline."""

@@ -1,0 +1,47 @@
+"""Shared test setup: the gpu marker and random-weight checkpoints built once per session."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+# Keep CPU tests deterministic and light on a 2-core machine.
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def fixture_root(tmp_path_factory):
+    """Where this session's checkpoints live (RADIXSERVE_FIXTURE_DIR to reuse across runs)."""
+    root = os.environ.get("RADIXSERVE_FIXTURE_DIR")
+    return root if root else str(tmp_path_factory.mktemp("fixtures"))
+
+
+@pytest.fixture(scope="session")
+def tiny_embedding_dir(fixture_root):
+    from models import fixtures
+
+    return fixtures.cached("tiny-embedding", root=fixture_root)
+
+
+@pytest.fixture(scope="session")
+def tiny_reranker_dir(fixture_root):
+    from models import fixtures
+
+    return fixtures.cached("tiny-reranker", root=fixture_root)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(fixture_root):
+    from models import fixtures
+
+    return fixtures.cached("tiny-qwen2", root=fixture_root)
