@@ -1,0 +1,138 @@
+# syntax=docker/dockerfile:1.7
+# radixserve images. The flags of `radixserve` pass straight through `docker run IMAGE ...`.
+#
+#   docker build -t radixserve .                                  # GPU (default, last stage)
+#   docker build --target cpu -t radixserve:cpu .                 # CPU only, python:3.11-slim
+#   docker build --build-arg WITH_FLASH_ATTN=1 -t radixserve:fa . # GPU + flash-attn (slow build)
+#
+# GPU pair: torch ${TORCH_VERSION} from the PyTorch ${TORCH_CUDA} wheel index on an
+# nvidia/cuda ${CUDA_VERSION} base. The devel stage compiles the CUDA kernels (kernels/*.cu) for
+# TORCH_CUDA_ARCH_LIST into TORCH_EXTENSIONS_DIR; the runtime stage copies the venv and that
+# directory, so no compiler runs when a container starts.
+# NOTE: torch, CUDA base and wheel index move together; override all three, e.g.
+#   --build-arg TORCH_CUDA=cu130 --build-arg CUDA_VERSION=13.0.0
+# NOTE: TORCH_VERSION must match the pin in .ci/run (tests/test_deploy.py checks it).
+
+ARG TORCH_VERSION=2.13.0
+ARG TORCH_CUDA=cu128
+ARG CUDA_VERSION=12.8.1
+ARG UBUNTU_VERSION=24.04
+
+# ---------------------------------------------------------------------------------------------
+# Stage 1: CUDA devel. Python venv with torch + the project; the kernels built once, here.
+FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu${UBUNTU_VERSION} AS cuda-build
+ARG TORCH_VERSION
+ARG TORCH_CUDA
+ARG WITH_FLASH_ATTN=0
+ARG FLASH_ATTN_VERSION=2.8.3
+ARG MAX_JOBS=8
+
+ENV DEBIAN_FRONTEND=noninteractive \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:${PATH} \
+    CUDA_HOME=/usr/local/cuda \
+    TORCH_CUDA_ARCH_LIST="8.0;8.6;8.9;9.0" \
+    TORCH_EXTENSIONS_DIR=/opt/radixserve/torch_extensions
+
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 python3-venv python3-dev build-essential git \
+    && rm -rf /var/lib/apt/lists/* \
+    && python3 -m venv /opt/venv \
+    && python -m pip install --upgrade pip
+
+# torch first, from the CUDA wheel index (a plain `pip install torch` picks whatever CUDA PyPI has).
+RUN python -m pip install torch==${TORCH_VERSION} --index-url https://download.pytorch.org/whl/${TORCH_CUDA} \
+    && python -m pip install ninja packaging wheel
+
+# Optional flash-attn, compiled against the torch above (MAX_JOBS bounds the compiler's memory).
+RUN if [ "${WITH_FLASH_ATTN}" = "1" ]; then \
+        MAX_JOBS=${MAX_JOBS} python -m pip install flash-attn==${FLASH_ATTN_VERSION} --no-build-isolation; \
+    fi
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY server ./server
+COPY scheduler ./scheduler
+COPY models ./models
+COPY kernels ./kernels
+COPY loadtest ./loadtest
+RUN python -m pip install .
+
+# Build the CUDA extensions for every arch in TORCH_CUDA_ARCH_LIST (no GPU needed to compile).
+# NOTE: run from / so the *installed* package is imported: the build records source paths, and
+# they must be the site-packages ones the runtime image sees, not /src.
+RUN cd / && python -m kernels.build && ls -lR "${TORCH_EXTENSIONS_DIR}"
+
+# ---------------------------------------------------------------------------------------------
+# Stage 2 (target `cpu`): CPU only, the same install commands as .ci/run (torch pin, then .).
+FROM python:3.11-slim AS cpu
+ARG TORCH_VERSION
+
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PYTHONUNBUFFERED=1 \
+    HF_HOME=/data \
+    HOSTNAME=0.0.0.0 \
+    RADIXSERVE_DISABLE_KERNELS=1
+
+# NOTE: HOSTNAME is the env twin of --hostname, and Docker sets it to the container id, which
+# would bind the server to the container's address only (the HEALTHCHECK on 127.0.0.1 fails).
+# An image ENV wins over Docker's value, so pin it; `-e HOSTNAME=...` still overrides.
+# The CPU wheel index: the PyPI torch for Linux drags in gigabytes of CUDA libraries.
+RUN python -m pip install torch==${TORCH_VERSION} --index-url https://download.pytorch.org/whl/cpu
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY server ./server
+COPY scheduler ./scheduler
+COPY models ./models
+COPY kernels ./kernels
+COPY loadtest ./loadtest
+RUN python -m pip install . \
+    && useradd --create-home --uid 10001 radixserve \
+    && mkdir -p /data && chown radixserve:radixserve /data
+
+USER radixserve
+WORKDIR /home/radixserve
+VOLUME ["/data"]
+EXPOSE 8080
+# PORT is the env twin of --port; the check follows it.
+HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
+    CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('PORT', '8080'), timeout=4)"
+ENTRYPOINT ["radixserve"]
+
+# ---------------------------------------------------------------------------------------------
+# Stage 3 (default target `gpu`): CUDA runtime base, the venv and the prebuilt kernels.
+FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu${UBUNTU_VERSION} AS gpu
+
+# NOTE: TORCH_CUDA_ARCH_LIST and CUDA_HOME stay identical to the build stage: the extension
+# loader compares build flags and must find nothing to rebuild.
+ENV DEBIAN_FRONTEND=noninteractive \
+    VIRTUAL_ENV=/opt/venv \
+    PATH=/opt/venv/bin:${PATH} \
+    PYTHONUNBUFFERED=1 \
+    CUDA_HOME=/usr/local/cuda \
+    TORCH_CUDA_ARCH_LIST="8.0;8.6;8.9;9.0" \
+    TORCH_EXTENSIONS_DIR=/opt/radixserve/torch_extensions \
+    HF_HOME=/data \
+    HOSTNAME=0.0.0.0
+
+# Same Ubuntu as the build stage, so the venv's python3 symlink resolves to the same interpreter.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends python3 ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --create-home --uid 10001 radixserve \
+    && mkdir -p /data && chown radixserve:radixserve /data
+
+COPY --from=cuda-build /opt/venv /opt/venv
+COPY --from=cuda-build --chown=radixserve:radixserve /opt/radixserve/torch_extensions /opt/radixserve/torch_extensions
+
+USER radixserve
+WORKDIR /home/radixserve
+VOLUME ["/data"]
+EXPOSE 8080
+HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
+    CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('PORT', '8080'), timeout=4)"
+ENTRYPOINT ["radixserve"]
