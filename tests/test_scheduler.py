@@ -1,0 +1,422 @@
+"""Scheduler and pipeline: batching, ordering, cancellation, pipelining, gating, failures, metrics.
+
+A fake runner stands in for the model: ``run`` returns [sum(ids), len(ids)] per sequence (or the
+sum alone, as a reranker's raw score), so every result is checkable against the submitted items.
+"""
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from scheduler import BatchFailed, ClientDisconnected, Scheduler, WorkerDead
+from scheduler.metrics import Metrics
+
+
+class Boom(BaseException):
+    """Escapes ``except Exception``: kills the worker thread."""
+
+
+class FakeRunner:
+    def __init__(self, *, kind="embedding", run_s=0.0, prep_s=0.0, fail_token=None, die_token=None):
+        self.kind = kind
+        self.device = "cpu"
+        self.run_s, self.prep_s = run_s, prep_s
+        self.fail_token, self.die_token = fail_token, die_token
+        self.prepared: list[tuple[list[list[int]], object]] = []  # (sequences, index) per batch
+        self.gate = threading.Event()
+        self.gate.set()
+        self.running = threading.Event()
+
+    def prepare(self, input_ids, cu_seqlens, index=None):
+        assert input_ids.dtype == np.int32 and cu_seqlens.dtype == np.int32
+        time.sleep(self.prep_s)
+        seqs = [input_ids[cu_seqlens[i] : cu_seqlens[i + 1]].tolist() for i in range(len(cu_seqlens) - 1)]
+        self.prepared.append((seqs, index))
+        return seqs
+
+    def run(self, seqs):
+        self.running.set()
+        self.gate.wait(10)
+        time.sleep(self.run_s)
+        tokens = {t for s in seqs for t in s}
+        if self.die_token in tokens:
+            raise Boom("worker killed")
+        if self.fail_token in tokens:
+            raise ValueError("injected failure")
+        if self.kind == "reranker":
+            return torch.tensor([float(sum(s)) for s in seqs])  # [B]
+        return torch.tensor([[float(sum(s)), float(len(s))] for s in seqs])  # [B, 2]
+
+    def batches(self) -> list[list[list[int]]]:
+        return [seqs for seqs, _ in self.prepared]
+
+
+def expected(item: list[int], kind: str = "embedding"):
+    return float(sum(item)) if kind == "reranker" else np.array([sum(item), len(item)], np.float32)
+
+
+def req_items(r: int, lengths: list[int]) -> list[list[int]]:
+    """Items whose tokens name their request (r) and position in it (j): token 100*r + j + 1."""
+    return [[100 * r + j + 1] * n for j, n in enumerate(lengths)]
+
+
+def owner(seq: list[int]) -> int:
+    return (seq[0] - 1) // 100
+
+
+def run_async(runner, coro_fn, **kw):
+    """Start a scheduler, run ``coro_fn(sched)`` on a fresh loop, always stop it afterwards."""
+    kw.setdefault("max_batch_tokens", 64)
+    kw.setdefault("max_batch_requests", None)
+    kw.setdefault("radix_threshold", 0.0)
+    sched = Scheduler(runner, **kw)
+    sched.start()
+
+    async def main():
+        try:
+            return await asyncio.wait_for(coro_fn(sched), timeout=20)
+        finally:
+            if isinstance(runner, FakeRunner):
+                runner.gate.set()
+            await asyncio.to_thread(sched.stop, drain=False, timeout=5)
+
+    return sched, asyncio.run(main())
+
+
+async def until(pred, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+@pytest.mark.parametrize("kind", ["embedding", "reranker"])
+def test_results_map_back_to_items(kind):
+    runner = FakeRunner(kind=kind)
+    reqs = [req_items(r, [(r * 7 + j * 3) % 13 + 1 for j in range(r % 4 + 1)]) for r in range(12)]
+
+    async def go(sched):
+        return await asyncio.gather(*(sched.submit(items) for items in reqs))
+
+    _, results = run_async(runner, go, max_batch_tokens=24)
+    for items, res in zip(reqs, results):
+        assert res.compute_tokens == sum(map(len, items))
+        assert res.inference_time_s >= 0 and res.queue_time_s >= 0
+        for item, out in zip(items, res.outputs):
+            if kind == "reranker":
+                assert isinstance(out, float) and out == expected(item, kind)
+            else:
+                assert out.dtype == np.float32 and np.array_equal(out, expected(item))
+
+
+def test_budget_fifo_and_requests_kept_whole():
+    runner = FakeRunner()
+    runner.gate.clear()  # hold the first batch so the rest queue up behind it
+    reqs = [req_items(r, [3 + (r * 3 + j) % 7 for j in range(1 + r % 3)]) for r in range(10)]
+
+    async def go(sched):
+        first = asyncio.ensure_future(sched.submit(req_items(99, [4])))
+        await asyncio.to_thread(runner.running.wait, 5)
+        tasks = [asyncio.ensure_future(sched.submit(items)) for items in reqs]
+        await until(lambda: sched.queue_size + sum(map(len, runner.batches()[1:])) == sum(map(len, reqs)))
+        runner.gate.set()
+        await first
+        return await asyncio.gather(*tasks)
+
+    _, results = run_async(runner, go, max_batch_tokens=32, max_batch_requests=5)
+    batches = runner.batches()[1:]
+    for seqs in batches:
+        assert sum(map(len, seqs)) <= 32 and len(seqs) <= 5
+    order = [owner(s) for seqs in batches for s in seqs]
+    assert order == sorted(order)  # FIFO across and within batches
+    for r, items in enumerate(reqs):
+        homes = {i for i, seqs in enumerate(batches) for s in seqs if owner(s) == r}
+        assert len(homes) == 1, f"request {r} split over batches {homes}"
+        assert [s for seqs in batches for s in seqs if owner(s) == r] == items
+    for items, res in zip(reqs, results):
+        assert all(np.array_equal(o, expected(i)) for i, o in zip(items, res.outputs))
+
+
+def test_request_larger_than_budget_is_split_in_order():
+    runner = FakeRunner()
+    items = req_items(1, [30, 30, 30, 30, 20])
+
+    async def go(sched):
+        return await sched.submit(items)
+
+    sched, res = run_async(runner, go, max_batch_tokens=64)
+    batches = runner.batches()
+    assert len(batches) > 1 and all(sum(map(len, b)) <= 64 for b in batches)
+    assert [s for b in batches for s in b] == items
+    assert all(np.array_equal(o, expected(i)) for i, o in zip(items, res.outputs))
+    forward = [t.forward_end - t.forward_start for t in sched.trace]
+    assert res.inference_time_s == pytest.approx(max(forward))
+
+
+def test_cancelled_entries_are_dropped():
+    runner = FakeRunner()
+    runner.gate.clear()
+
+    async def go(sched):
+        tasks = [asyncio.ensure_future(sched.submit(req_items(r, [3, 2]))) for r in range(6)]
+        # One batch running, one handed over, one prepared and waiting for the slot: rest queue.
+        await until(lambda: sched.queue_size == 3 * 2)
+        tasks[4].cancel()
+        await until(lambda: sched.queue_size == 2 * 2)
+        runner.gate.set()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        return done
+
+    _, done = run_async(runner, go, max_batch_requests=2)
+    assert isinstance(done[4], asyncio.CancelledError)
+    assert 4 not in {owner(s) for b in runner.batches() for s in b}
+    for r in (0, 1, 2, 3, 5):
+        assert [o.tolist() for o in done[r].outputs] == [expected(i).tolist() for i in req_items(r, [3, 2])]
+
+
+def test_disconnect_callback_drops_queued_work():
+    runner = FakeRunner()
+    runner.gate.clear()
+    gone = threading.Event()
+
+    async def go(sched):
+        first = asyncio.ensure_future(sched.submit(req_items(0, [4])))
+        await asyncio.to_thread(runner.running.wait, 5)
+        blocked = [asyncio.ensure_future(sched.submit(req_items(r, [4]))) for r in (1, 2)]
+        await until(lambda: len(runner.prepared) == 3)
+        left = asyncio.ensure_future(sched.submit(req_items(3, [4]), is_disconnected=gone.is_set))
+        await until(lambda: sched.queue_size == 1)
+        gone.set()
+        with pytest.raises(ClientDisconnected):
+            await left
+        assert sched.queue_size == 0
+        runner.gate.set()
+        return await asyncio.gather(first, *blocked)
+
+    _, done = run_async(runner, go, max_batch_requests=1, disconnect_poll_s=0.01)
+    assert len(done) == 3 and 3 not in {owner(s) for b in runner.batches() for s in b}
+
+
+def test_prep_of_next_batch_overlaps_forward():
+    runner = FakeRunner(run_s=0.2, prep_s=0.02)
+
+    async def go(sched):
+        return await asyncio.gather(*(sched.submit(req_items(r, [8])) for r in range(4)))
+
+    sched, _ = run_async(runner, go, max_batch_requests=1)
+    trace = sorted(sched.trace, key=lambda t: t.batch_id)
+    assert len(trace) == 4
+    for cur, nxt in zip(trace, trace[1:]):
+        assert nxt.prep_start < cur.forward_end  # batch k+1 was being prepared while k ran
+        assert nxt.prep_end < cur.forward_end
+        assert cur.forward_end <= nxt.forward_start
+
+
+def test_batch_exception_fails_only_that_batch():
+    runner = FakeRunner(fail_token=666, run_s=0.01)
+
+    async def go(sched):
+        good = asyncio.ensure_future(sched.submit(req_items(1, [5])))
+        bad = asyncio.ensure_future(sched.submit([[666] * 3, [7]]))
+        with pytest.raises(BatchFailed, match="injected failure"):
+            await bad
+        res = await good
+        after = await sched.submit(req_items(2, [6, 2]))
+        return res, after, sched.alive
+
+    _, (res, after, alive) = run_async(runner, go, max_batch_requests=1)
+    assert alive
+    assert np.array_equal(res.outputs[0], expected(req_items(1, [5])[0]))
+    assert [o.tolist() for o in after.outputs] == [expected(i).tolist() for i in req_items(2, [6, 2])]
+
+
+class FakeIndex:
+    """Just what the scheduler reads: ratio and compact_ids, computed from the definition."""
+
+    def __init__(self, input_ids, cu_seqlens):
+        seqs = [tuple(input_ids[cu_seqlens[i] : cu_seqlens[i + 1]]) for i in range(len(cu_seqlens) - 1)]
+        prefixes = {s[: k + 1] for s in seqs for k in range(len(s))}
+        self.compact_ids = np.zeros(len(prefixes), np.int32)
+        self.ratio = len(prefixes) / len(input_ids)
+
+
+@pytest.mark.parametrize("threshold", [0.0, 0.95, 1.0])
+def test_threshold_gate(threshold):
+    runner = FakeRunner()
+    calls = []
+
+    def build(input_ids, position_ids, cu_seqlens):
+        calls.append(position_ids.copy())
+        return FakeIndex(input_ids, cu_seqlens)
+
+    shared = [[1, 2, 3, 4, 5, 6, 7, 8]] * 4  # ratio 8/32
+    distinct = [[10, 11], [12, 13], [14, 15]]  # ratio 1.0
+
+    async def go(sched):
+        await sched.submit(shared)
+        await sched.submit(distinct)
+
+    metrics = Metrics()
+    run_async(runner, go, radix_threshold=threshold, build_index=build, metrics=metrics)
+    used = [idx is not None for _, idx in runner.prepared]
+    if threshold == 0.0:
+        assert calls == [] and used == [False, False]
+    else:
+        assert len(calls) == 2 and calls[0].tolist() == list(range(8)) * 4
+        assert used == [True, threshold >= 1.0]
+    compact = 8 + 6 if threshold > 0 else 32 + 6
+    assert sample(metrics, "radixserve_tokens_total", kind="compact") == compact
+    assert sample(metrics, "radixserve_tokens_total", kind="original") == 38
+
+
+def sample(metrics, name, **labels):
+    for fam in text_string_to_metric_families(generate_latest(metrics.registry).decode()):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    raise KeyError(name)
+
+
+def test_metrics_move():
+    runner = FakeRunner(run_s=0.01)
+    metrics = Metrics()
+    reqs = [req_items(r, [4, 3]) for r in range(5)]
+
+    async def go(sched):
+        return await asyncio.gather(*(sched.submit(items) for items in reqs))
+
+    sched, _ = run_async(runner, go, max_batch_requests=2, metrics=metrics, radix_threshold=0.0)
+    n_batches = len(runner.prepared)
+    assert sample(metrics, "te_batch_next_size_count") == n_batches
+    assert sample(metrics, "te_batch_next_size_sum") == 10
+    assert sample(metrics, "te_batch_next_tokens_sum") == 35
+    assert sample(metrics, "te_radix_mlp_compression_ratio_count") == n_batches
+    assert sample(metrics, "te_radix_mlp_compression_ratio_sum") == pytest.approx(n_batches)
+    assert sample(metrics, "radixserve_batch_prep_duration_count") == n_batches
+    assert sample(metrics, "radixserve_forward_duration_count") == n_batches
+    assert sample(metrics, "radixserve_forward_duration_sum") >= 0.01 * n_batches
+    assert sample(metrics, "te_queue_size") == 0
+    assert 0.0 <= sample(metrics, "radixserve_worker_idle_ratio") <= 1.0
+
+
+def test_worker_death_marks_dead_and_fails_everyone():
+    runner = FakeRunner(die_token=13)
+    runner.gate.clear()
+
+    async def go(sched):
+        doomed = asyncio.ensure_future(sched.submit([[13, 13]]))
+        queued = [asyncio.ensure_future(sched.submit(req_items(r, [3]))) for r in range(1, 4)]
+        await asyncio.to_thread(runner.running.wait, 5)
+        await until(lambda: sched.queue_size == 1)
+        runner.gate.set()
+        outcomes = await asyncio.gather(doomed, *queued, return_exceptions=True)
+        await until(lambda: not sched.alive)
+        with pytest.raises(WorkerDead):
+            await sched.submit([[1, 2]])
+        return outcomes
+
+    sched, outcomes = run_async(runner, go, max_batch_requests=1)
+    assert not sched.alive
+    assert all(isinstance(o, WorkerDead) for o in outcomes)
+
+
+def test_stop_drains_queued_work():
+    runner = FakeRunner(run_s=0.02)
+    reqs = [req_items(r, [5, 4]) for r in range(6)]
+
+    async def go(sched):
+        tasks = [asyncio.ensure_future(sched.submit(items)) for items in reqs]
+        await asyncio.sleep(0)  # let every submit enqueue
+        assert sched.queue_size > 0
+        await asyncio.to_thread(sched.stop, drain=True, timeout=10)
+        assert not sched.alive
+        with pytest.raises(WorkerDead):
+            await sched.submit([[1]])
+        return await asyncio.gather(*tasks)
+
+    _, results = run_async(runner, go, max_batch_requests=2)
+    for items, res in zip(reqs, results):
+        assert [o.tolist() for o in res.outputs] == [expected(i).tolist() for i in items]
+
+
+def test_stop_without_drain_fails_queued_work():
+    runner = FakeRunner()
+    runner.gate.clear()
+
+    async def go(sched):
+        tasks = [asyncio.ensure_future(sched.submit(req_items(r, [2]))) for r in range(5)]
+        await until(lambda: sched.queue_size == 2)
+        stopping = asyncio.ensure_future(asyncio.to_thread(sched.stop, drain=False, timeout=10))
+        await until(lambda: sched.queue_size == 0)
+        runner.gate.set()
+        await stopping
+        return await asyncio.gather(*tasks, return_exceptions=True)
+
+    _, outcomes = run_async(runner, go, max_batch_requests=1)
+    assert [isinstance(o, WorkerDead) for o in outcomes] == [False, False, False, True, True]
+
+
+def test_max_wait_holds_batch_open_until_full():
+    runner = FakeRunner()
+
+    async def go(sched):
+        first = asyncio.ensure_future(sched.submit(req_items(1, [10])))
+        await asyncio.sleep(0.05)
+        assert sched.queue_size == 1  # held open: under budget and younger than max_wait_s
+        second = asyncio.ensure_future(sched.submit(req_items(2, [22])))  # fills the budget
+        return await asyncio.wait_for(asyncio.gather(first, second), timeout=5)
+
+    run_async(runner, go, max_batch_tokens=32, max_wait_s=30.0)
+    assert [[owner(s) for s in b] for b in runner.batches()] == [[1, 2]]
+
+
+def test_item_length_is_checked():
+    async def go(sched):
+        with pytest.raises(ValueError):
+            await sched.submit([[1] * 65])
+        with pytest.raises(ValueError):
+            await sched.submit([[]])
+        with pytest.raises(ValueError):
+            await sched.submit([])
+
+    run_async(FakeRunner(), go, max_batch_tokens=64)
+
+
+def test_real_radix_index_reaches_prepare():
+    radix = pytest.importorskip("scheduler.radix")
+    runner = FakeRunner()
+    items = [[5, 6, 7, 8, 9], [5, 6, 7, 1], [5, 6, 2, 3, 4, 4]]
+
+    async def go(sched):
+        return await sched.submit(items)
+
+    run_async(runner, go, radix_threshold=0.95)
+    (_, index), = runner.prepared
+    want = FakeIndex(np.array([t for s in items for t in s]), np.array([0, 5, 9, 15]))
+    assert index is not None and hasattr(radix, "build_index")
+    assert index.ratio == pytest.approx(want.ratio) and len(index.compact_ids) == len(want.compact_ids)
+
+
+def test_scheduled_results_match_direct_runner(request):
+    models = pytest.importorskip("models")
+    if not hasattr(models, "load_runner"):
+        pytest.skip("models.load_runner is not there yet")
+    runner = models.load_runner(str(request.getfixturevalue("tiny_embedding_dir")), device="cpu")
+    reqs = [[[11, 12, 13, 14, 15], [11, 12, 13, 99]], [[11, 12, 7]], [[40, 41, 42, 43, 44, 45]]]
+
+    async def go(sched):
+        return await asyncio.gather(*(sched.submit(items) for items in reqs))
+
+    _, results = run_async(runner, go, max_batch_tokens=64, radix_threshold=1.0)
+    for items, res in zip(reqs, results):
+        for item, out in zip(items, res.outputs):
+            cu = np.array([0, len(item)], np.int32)
+            direct = runner.run(runner.prepare(np.array(item, np.int32), cu)).numpy()[0]
+            np.testing.assert_allclose(out, direct, atol=1e-4, rtol=0)
