@@ -1,0 +1,119 @@
+"""Errors in each route's dialect, and the handlers that render every failure through them.
+
+TEI routes answer ``{"error": "...", "error_type": "..."}``; /v1 routes answer OpenAI's
+``{"error": {"message", "type", "code"}}`` so the OpenAI SDK raises its usual exceptions. The
+invariant: every failure a client can cause leaves the server as one of these bodies with a 4xx
+status; only a model failure (500) or a dead worker (503) is 5xx.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger("radixserve.server")
+
+# kind -> (status, TEI error_type, OpenAI type, OpenAI code)
+KINDS: dict[str, tuple[int, str, str, str]] = {
+    "empty": (400, "Empty", "invalid_request_error", "empty_input"),
+    "wrong_model": (400, "Validation", "invalid_request_error", "wrong_model_type"),
+    "unauthorized": (401, "Unauthorized", "authentication_error", "invalid_api_key"),
+    "not_found": (404, "NotFound", "invalid_request_error", "not_found"),
+    "method": (405, "Validation", "invalid_request_error", "method_not_allowed"),
+    "too_large": (413, "PayloadTooLarge", "invalid_request_error", "payload_too_large"),
+    "validation": (422, "Validation", "invalid_request_error", "invalid_value"),
+    "tokenizer": (422, "Tokenizer", "invalid_request_error", "tokenizer_error"),
+    "overloaded": (429, "Overloaded", "rate_limit_error", "rate_limit_exceeded"),
+    "backend": (500, "Backend", "server_error", "internal_error"),
+    "unhealthy": (503, "Unhealthy", "server_error", "service_unavailable"),
+}
+
+
+@dataclass
+class ApiError(Exception):
+    """A failure to report to the client; ``kind`` is a key of KINDS."""
+
+    kind: str
+    message: str
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    @property
+    def status(self) -> int:
+        return KINDS[self.kind][0]
+
+
+def is_openai_path(path: str) -> bool:
+    """/v1/... and the /embeddings alias speak the OpenAI dialect."""
+    return path.startswith("/v1/") or path == "/embeddings"
+
+
+def error_body(kind: str, message: str, *, path: str) -> dict:
+    status, tei_type, oai_type, oai_code = KINDS[kind]
+    if is_openai_path(path):
+        return {"error": {"message": message, "type": oai_type, "param": None, "code": oai_code}}
+    return {"error": message, "error_type": tei_type}
+
+
+def error_response(kind: str, message: str, *, path: str) -> JSONResponse:
+    return JSONResponse(error_body(kind, message, path=path), status_code=KINDS[kind][0])
+
+
+def error_bytes(kind: str, message: str, *, path: str) -> tuple[int, bytes]:
+    """Status and JSON body bytes, for the raw ASGI middleware."""
+    return KINDS[kind][0], json.dumps(error_body(kind, message, path=path)).encode()
+
+
+def describe_validation(exc: RequestValidationError) -> str:
+    """A one-line summary of pydantic's errors: ``body.dimensions: Input should be ...``."""
+    parts = []
+    for err in exc.errors()[:5]:
+        loc = ".".join(str(p) for p in err.get("loc", ()))
+        msg = err.get("msg", "invalid")
+        if err.get("type") == "json_invalid":
+            msg = f"malformed JSON: {err.get('ctx', {}).get('error', msg)}"
+        parts.append(f"{loc}: {msg}" if loc else msg)
+    return "; ".join(parts) or "invalid request"
+
+
+def install_handlers(app: FastAPI, *, on_error=None) -> None:
+    """Route every error through our bodies; ``on_error(kind)`` counts failures."""
+
+    def note(kind: str) -> None:
+        if on_error is not None:
+            on_error(kind)
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        note(exc.kind)
+        return error_response(exc.kind, exc.message, path=request.url.path)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        note("validation")
+        return error_response("validation", describe_validation(exc), path=request.url.path)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = {400: "validation", 401: "unauthorized", 404: "not_found", 405: "method", 413: "too_large"}.get(
+            exc.status_code, "validation"
+        )
+        if exc.status_code >= 500:
+            kind = "backend"
+        message = str(exc.detail)
+        if exc.status_code == 400:  # FastAPI could not decode the body (e.g. not UTF-8)
+            message = f"could not parse the request body as UTF-8 JSON ({message})"
+        note(kind)
+        return error_response(kind, message, path=request.url.path)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s", request.url.path)
+        note("backend")
+        return error_response("backend", f"internal error: {type(exc).__name__}", path=request.url.path)

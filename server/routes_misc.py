@@ -1,0 +1,80 @@
+"""POST /tokenize, GET /info, GET /health and GET /metrics.
+
+/health answers 200 only while the scheduler's model worker is alive, so a load balancer takes a
+server with a dead worker out of rotation. /metrics renders the app's own registry (one per app).
+"""
+from __future__ import annotations
+
+from importlib import metadata
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from server.errors import ApiError
+from server.routes_embed import resolve_prompt
+from server.schemas import Info, SimpleToken, TokenizeRequest
+from server.service import Service
+
+
+def version() -> str:
+    try:
+        return metadata.version("radixserve")
+    except metadata.PackageNotFoundError:
+        return "0.0.0+local"
+
+
+def model_type(runner) -> dict:
+    """TEI-style: {"embedding": {"pooling": ...}} or {"reranker": {...}}."""
+    if runner.kind == "reranker":
+        return {"reranker": {"score": "sigmoid(logit('yes') - logit('no'))", "template": "qwen3-reranker"}}
+    return {"embedding": {"pooling": runner.pooling}}
+
+
+def build_router(service: Service, *, info: dict) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/tokenize", response_model=list[list[SimpleToken]], tags=["TEI"])
+    async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
+        """Tokens with char offsets into the (prompt + input) string."""
+        service.count("tokenize")
+        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+        service.check_inputs(len(texts), empty=any(t == "" for t in texts))
+        prompt = resolve_prompt(service, body.prompt_name) if service.runner.kind == "embedding" else ""
+        out = await service.tok.display(texts, prompt=prompt, add_special_tokens=body.add_special_tokens)
+        service.metrics.request_success.labels(method="tokenize").inc()
+        return JSONResponse(out)
+
+    @router.get("/info", response_model=Info, tags=["Info"])
+    async def get_info() -> dict:
+        return info
+
+    @router.get("/health", tags=["Info"])
+    async def health() -> Response:
+        if not service.scheduler.alive:
+            raise ApiError("unhealthy", "the model worker is not running")
+        return Response(status_code=200)
+
+    @router.get("/metrics", tags=["Info"])
+    async def metrics() -> Response:
+        service.metrics.queue_size.set(service.scheduler.queue_size)
+        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    return router
+
+
+def build_info(service: Service, *, config, max_input_length: int) -> dict:
+    runner = service.runner
+    return {
+        "model_id": config.model_name,
+        "model_dtype": str(runner.dtype).replace("torch.", ""),
+        "model_type": model_type(runner),
+        "max_concurrent_requests": config.max_concurrent_requests,
+        "max_input_length": max_input_length,
+        "max_batch_tokens": config.max_batch_tokens,
+        "max_batch_requests": config.max_batch_requests,
+        "max_client_batch_size": config.max_client_batch_size,
+        "radix_mlp_threshold": config.radix_mlp_threshold,
+        "radix_attention": runner.radix_attention,
+        "version": version(),
+    }

@@ -1,0 +1,136 @@
+"""Request and response bodies of every route, in each ecosystem's dialect (pydantic v2).
+
+Types are strict where a lax coercion would hide a client bug (token ids must be JSON integers,
+texts must be JSON strings); unknown fields are ignored so SDKs that send extras keep working.
+Semantic checks that need the model (dimensions vs hidden size, vocabulary, prompt names, input
+length) happen in the routes, which answer 422 in the same body format.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+def _direction(value: str) -> str:
+    low = value.lower()
+    if low not in ("right", "left"):
+        raise ValueError("truncation_direction must be Right or Left")
+    return low
+
+
+Direction = Annotated[StrictStr, AfterValidator(_direction)]  # "Right"/"left"/... -> "right"|"left"
+
+
+# -- TEI ---------------------------------------------------------------------------------------
+class EmbedRequest(_Body):
+    inputs: Union[StrictStr, list[StrictStr]]
+    truncate: StrictBool | None = Field(None, description="default: the server's --auto-truncate")
+    truncation_direction: Direction = Field("right", description="Right or Left (any case)")
+    prompt_name: StrictStr | None = Field(None, description="a key of the model's prompts")
+    normalize: StrictBool = True
+    dimensions: StrictInt | None = Field(None, ge=1, description="Matryoshka: keep the first n dims")
+
+
+class RerankRequest(_Body):
+    query: StrictStr
+    texts: list[StrictStr]
+    truncate: StrictBool | None = None
+    truncation_direction: Direction = "right"
+    raw_scores: StrictBool = Field(False, description="false: sigmoid(logit(yes) - logit(no))")
+    return_text: StrictBool = False
+    instruction: StrictStr | None = Field(None, description="default: the Qwen3-Reranker web-search instruction")
+
+
+class Rank(BaseModel):
+    index: int
+    score: float
+    text: str | None = None
+
+
+class TokenizeRequest(_Body):
+    inputs: Union[StrictStr, list[StrictStr]]
+    add_special_tokens: StrictBool = True
+    prompt_name: StrictStr | None = None
+
+
+class SimpleToken(BaseModel):
+    id: int
+    text: str
+    special: bool
+    start: int | None
+    stop: int | None
+
+
+class Info(BaseModel):
+    model_id: str
+    model_dtype: str
+    model_type: dict = Field(description='{"embedding": {"pooling": ...}} or {"reranker": {...}}')
+    max_concurrent_requests: int
+    max_input_length: int
+    max_batch_tokens: int
+    max_batch_requests: int | None
+    max_client_batch_size: int
+    radix_mlp_threshold: float
+    radix_attention: str
+    version: str
+
+
+# -- OpenAI ------------------------------------------------------------------------------------
+class OpenAIEmbeddingRequest(_Body):
+    input: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+    model: StrictStr | None = None
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: StrictInt | None = Field(None, ge=1)
+    user: StrictStr | None = None
+
+
+class OpenAIEmbedding(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    embedding: list[float] | str
+    index: int
+
+
+class OpenAIUsage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class OpenAIEmbeddingResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIEmbedding]
+    model: str
+    usage: OpenAIUsage
+
+
+# -- Cohere / Jina -----------------------------------------------------------------------------
+class Document(_Body):
+    text: StrictStr
+
+
+class CohereRerankRequest(_Body):
+    query: StrictStr
+    documents: list[Union[StrictStr, Document]]
+    top_n: StrictInt | None = Field(None, ge=1)
+    return_documents: StrictBool = False
+    model: StrictStr | None = None
+
+
+class CohereResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: Document | None = None
+
+
+class CohereUsage(BaseModel):
+    total_tokens: int
+
+
+class CohereRerankResponse(BaseModel):
+    model: str
+    results: list[CohereResult]
+    usage: CohereUsage

@@ -1,0 +1,100 @@
+"""Tokenization off the event loop: batch encodes in a small thread pool, timed into metrics.
+
+Every encode of a request runs as one ``encode_batch`` call in the executor, so the event loop
+never blocks on the tokenizer (HF tokenizers releases the GIL inside its Rust batch encode).
+Prompt and truncation failures surface as ApiError (422) in the route's dialect.
+"""
+from __future__ import annotations
+
+import asyncio
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Sequence, TypeVar
+
+from models import prompts
+from server.errors import ApiError
+
+T = TypeVar("T")
+
+
+class Tokenization:
+    """The tokenizer-facing half of a request, bound to one runner's tokenizer and limits."""
+
+    def __init__(self, runner, *, max_input_length: int, metrics, workers: int = 2) -> None:
+        self.tokenizer = runner.tokenizer
+        self.max_input_length = max_input_length
+        self.metrics = metrics
+        # NOTE: the embedding table's rows bound valid ids (an id past it would crash the batch).
+        self.vocab_size = int(runner.config.vocab_size)
+        self.rerank = prompts.RerankTemplate(runner.tokenizer) if runner.kind == "reranker" else None
+        self.special_ids = frozenset(
+            i for i, tok in runner.tokenizer.get_added_tokens_decoder().items() if tok.special
+        )
+        self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="radixserve-tok")
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _off_loop(self, fn: Callable[[], T]) -> T:
+        t0 = time.perf_counter()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+        except ValueError as exc:  # InputTooLong, UnknownPrompt, a template that cannot fit
+            raise ApiError("validation", str(exc)) from exc
+        except Exception as exc:  # noqa: BLE001 - a tokenizer failure is the input's fault
+            raise ApiError("tokenizer", f"tokenization failed: {exc}") from exc
+        finally:
+            self.metrics.tokenization_duration.observe(time.perf_counter() - t0)
+
+    async def embedding_inputs(
+        self, texts: Sequence[str], *, prompt: str, truncate: bool, direction: str
+    ) -> list[list[int]]:
+        return await self._off_loop(
+            lambda: prompts.encode_embedding_inputs(
+                self.tokenizer, texts, prompt=prompt, max_length=self.max_input_length,
+                truncate=truncate, direction=direction,
+            )
+        )
+
+    async def rerank_inputs(
+        self, query: str, documents: Sequence[str], *, instruction: str, truncate: bool, direction: str
+    ) -> list[list[int]]:
+        assert self.rerank is not None, "rerank inputs need a reranker"
+        return await self._off_loop(
+            lambda: self.rerank.encode(
+                query, documents, instruction=instruction, max_length=self.max_input_length,
+                truncate=truncate, direction=direction,
+            )
+        )
+
+    def check_token_ids(self, items: Sequence[Sequence[int]], *, truncate: bool) -> list[list[int]]:
+        """Pre-tokenized inputs: every id in the vocabulary; cut (right) or refuse when too long."""
+        out = []
+        for i, ids in enumerate(items):
+            for t in ids:
+                if not 0 <= t < self.vocab_size:
+                    raise ApiError("validation", f"input {i}: token id {t} outside the vocabulary [0, {self.vocab_size})")
+            if len(ids) > self.max_input_length:
+                if not truncate:
+                    raise ApiError("validation", str(prompts.InputTooLong(i, len(ids), self.max_input_length)))
+                ids = ids[: self.max_input_length]
+            out.append(list(ids))
+        return out
+
+    async def display(self, texts: Sequence[str], *, prompt: str, add_special_tokens: bool) -> list[list[dict]]:
+        """/tokenize: tokens with their text and char offsets into (prompt + input)."""
+
+        def run() -> list[list[dict]]:
+            full = [prompt + t for t in texts]
+            encs = self.tokenizer.encode_batch(full, add_special_tokens=add_special_tokens)
+            out = []
+            for text, enc in zip(full, encs):
+                tokens = []
+                for tid, (start, stop), added, tok in zip(enc.ids, enc.offsets, enc.special_tokens_mask, enc.tokens):
+                    special = bool(added) or tid in self.special_ids
+                    piece = tok if special else text[start:stop]
+                    tokens.append({"id": tid, "text": piece, "special": special, "start": start, "stop": stop})
+                out.append(tokens)
+            return out
+
+        return await self._off_loop(run)

@@ -1,0 +1,160 @@
+"""Rerank routes (TEI /rerank, Cohere/Jina /v1/rerank) through a real uvicorn server.
+
+Oracle: transformers' AutoModelForCausalLM from the fixture, fp32, one pair at a time, on the
+reference Qwen3-Reranker input (prefix + body + suffix, each encoded separately); raw score =
+logit("yes") - logit("no") at the last token.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import httpx
+import numpy as np
+import pytest
+import torch
+
+from models import prompts
+from server.app import create_app
+from server.config import ServerConfig
+from server.testing import ServerThread, cached_runner
+
+QUERY = "what is the capital of france"
+DOCS = [
+    "paris is the capital and most populous city of france",
+    "paris is the capital and most populous city of france, with 2.1 million residents",
+    "berlin is the capital of germany",
+    "a completely unrelated sentence about cooking pasta",
+    "paris",
+]
+
+
+@pytest.fixture(scope="module")
+def runner(tiny_reranker_dir):
+    return cached_runner(str(tiny_reranker_dir))
+
+
+@pytest.fixture(scope="module")
+def oracle(tiny_reranker_dir, runner):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_reranker_dir), dtype=torch.float32).eval()
+    tok = runner.tokenizer
+    yes, no = tok.token_to_id("yes"), tok.token_to_id("no")
+
+    def score(query: str, doc: str, instruction: str = prompts.DEFAULT_INSTRUCTION) -> float:
+        body = f"<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {doc}"
+        ids = (tok.encode(prompts.RERANK_PREFIX, add_special_tokens=False).ids
+               + tok.encode(body, add_special_tokens=False).ids
+               + tok.encode(prompts.RERANK_SUFFIX, add_special_tokens=False).ids)
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([ids])).logits[0, -1]  # [V]
+        return float(logits[yes] - logits[no])
+
+    return score
+
+
+@pytest.fixture(scope="module")
+def servers(runner, tiny_reranker_dir):
+    def start(r, **kw):
+        config = ServerConfig(model_id=str(tiny_reranker_dir), max_client_batch_size=8, **kw)
+        return ServerThread(create_app(config, runner=r)).start()
+
+    started = {
+        "compact": start(runner, radix_mlp_threshold=1.0),
+        "paper": start(dataclasses.replace(runner, radix_attention="paper"), radix_mlp_threshold=1.0),
+        "off": start(runner, radix_mlp_threshold=0.0),
+        "short": start(runner, max_input_length=150, auto_truncate=False),
+    }
+    yield started
+    for s in started.values():
+        s.stop()
+
+
+def sigmoid(x: float) -> float:
+    return 1.0 / (1.0 + math.exp(-x))
+
+
+@pytest.mark.parametrize("mode", ["compact", "paper", "off"])
+def test_rerank_matches_transformers(servers, oracle, mode):
+    url = servers[mode].url
+    ref = np.array([oracle(QUERY, d) for d in DOCS])
+    raw = httpx.post(url + "/rerank", json={"query": QUERY, "texts": DOCS, "raw_scores": True}, timeout=60)
+    assert raw.status_code == 200, raw.text
+    for h in ("x-queue-time", "x-inference-time", "x-total-time", "x-compute-tokens"):
+        assert h in raw.headers
+    got = raw.json()
+    assert sorted(r["index"] for r in got) == list(range(len(DOCS)))
+    assert [r["score"] for r in got] == sorted((r["score"] for r in got), reverse=True)
+    for r in got:
+        assert abs(r["score"] - ref[r["index"]]) < 1e-4
+        assert "text" not in r
+    soft = httpx.post(url + "/rerank", json={"query": QUERY, "texts": DOCS, "return_text": True}, timeout=60).json()
+    for r in soft:
+        assert abs(r["score"] - sigmoid(ref[r["index"]])) < 1e-4 and r["text"] == DOCS[r["index"]]
+
+
+def test_rerank_instruction(servers, oracle):
+    body = {"query": QUERY, "texts": DOCS[:2], "raw_scores": True, "instruction": "Find the city"}
+    got = httpx.post(servers["compact"].url + "/rerank", json=body, timeout=60).json()
+    for r in got:
+        assert abs(r["score"] - oracle(QUERY, DOCS[r["index"]], "Find the city")) < 1e-4
+
+
+def test_v1_rerank_cohere_and_jina(servers, oracle, tiny_reranker_dir):
+    url = servers["compact"].url
+    ref = [sigmoid(oracle(QUERY, d)) for d in DOCS]
+    order = sorted(range(len(DOCS)), key=lambda i: -ref[i])
+    r = httpx.post(url + "/v1/rerank", json={"query": QUERY, "documents": DOCS, "top_n": 3, "model": "x"}, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["model"] == str(tiny_reranker_dir) and body["usage"]["total_tokens"] > 0
+    assert [x["index"] for x in body["results"]] == order[:3]
+    for x in body["results"]:
+        assert abs(x["relevance_score"] - ref[x["index"]]) < 1e-4 and "document" not in x
+    jina = {"query": QUERY, "documents": [{"text": d} for d in DOCS], "return_documents": True, "top_n": 100}
+    body = httpx.post(url + "/v1/rerank", json=jina, timeout=60).json()
+    assert [x["index"] for x in body["results"]] == order
+    assert all(x["document"] == {"text": DOCS[x["index"]]} for x in body["results"])
+
+
+def test_rerank_truncation(servers, oracle):
+    url = servers["short"].url
+    long_doc = "lorem ipsum dolor sit amet " * 40
+    refused = httpx.post(url + "/rerank", json={"query": QUERY, "texts": [long_doc]})
+    assert refused.status_code == 422 and refused.json()["error_type"] == "Validation"
+    refused_v1 = httpx.post(url + "/v1/rerank", json={"query": QUERY, "documents": [long_doc]})
+    assert refused_v1.status_code == 422 and refused_v1.json()["error"]["type"] == "invalid_request_error"
+    ok = httpx.post(url + "/rerank", json={"query": QUERY, "texts": [long_doc], "truncate": True}, timeout=60)
+    assert ok.status_code == 200 and int(ok.headers["x-compute-tokens"]) == 150
+
+
+@pytest.mark.parametrize("path,body,status", [
+    ("/rerank", {"query": QUERY, "texts": []}, 400),
+    ("/rerank", {"query": "", "texts": ["a"]}, 400),
+    ("/rerank", {"query": QUERY, "texts": ["a", ""]}, 400),
+    ("/rerank", {"query": QUERY, "texts": ["a"] * 9}, 422),
+    ("/rerank", {"query": QUERY, "texts": "a"}, 422),
+    ("/rerank", {"query": 3, "texts": ["a"]}, 422),
+    ("/rerank", {"texts": ["a"]}, 422),
+    ("/rerank", {"query": QUERY, "texts": ["a"], "truncation_direction": "middle"}, 422),
+    ("/v1/rerank", {"query": QUERY, "documents": []}, 400),
+    ("/v1/rerank", {"query": QUERY, "documents": ["a"], "top_n": 0}, 422),
+    ("/v1/rerank", {"query": QUERY, "documents": ["a"], "top_n": -1}, 422),
+    ("/v1/rerank", {"query": QUERY, "documents": [{"txt": "a"}]}, 422),
+    ("/v1/rerank", {"query": QUERY, "documents": ["a"] * 9}, 422),
+    ("/embed", {"inputs": "x"}, 400),
+    ("/v1/embeddings", {"input": "x"}, 400),
+])
+def test_rerank_bad_inputs(servers, path, body, status):
+    r = httpx.post(servers["compact"].url + path, json=body)
+    assert r.status_code == status, r.text
+    if path.startswith("/v1/"):
+        assert r.json()["error"]["message"]
+    else:
+        assert set(r.json()) == {"error", "error_type"}
+
+
+def test_info_reranker(servers):
+    info = httpx.get(servers["compact"].url + "/info").json()
+    assert "reranker" in info["model_type"] and info["max_client_batch_size"] == 8
