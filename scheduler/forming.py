@@ -4,6 +4,8 @@ An entry is one input item; entries of one client request share ``request_id`` a
 batch whenever the request fits the budget (a request larger than a whole batch is split, in
 order). No entry is longer than the token budget (the server caps input length at
 min(model max positions, max_batch_tokens)), so every entry fits an empty batch.
+Two policies: "fifo" (arrival order) and "prefix" (scheduler/prefix_forming.py: groups requests
+that share token prefixes, with aging; identical to FIFO whenever everything waiting fits).
 """
 from __future__ import annotations
 
@@ -19,6 +21,10 @@ class Entry:
     input_ids: list[int]
     arrival: float  # time.monotonic() when enqueued
     payload: object = field(default=None, repr=False)  # the scheduler's bookkeeping
+    # Prefix policy bookkeeping: batches formed that passed this entry over for a later one, and
+    # the cached sort key of its leading tokens (key bytes, key length).
+    skips: int = field(default=0, repr=False, compare=False)
+    prefix_key: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def n_tokens(self) -> int:
@@ -60,6 +66,29 @@ def form_batch_fifo(
     return chosen
 
 
+@dataclass(frozen=True)
+class PrefixPolicy:
+    """Knobs of the "prefix" policy (defaults sized for 16k-token batches of 50-250 ms)."""
+
+    # Aging: a request waiting this long is taken before any grouping, oldest first. About 2x
+    # the forward time of a full batch of the largest model we serve, so it only bites when the
+    # queue is deeper than a couple of batches (then the policy degrades to oldest-first).
+    max_wait_s: float = 0.5
+    # Aging: a request passed over this many times (a later request was batched instead) is
+    # taken first in the next batch, so reordering never delays anything by more batches.
+    max_skips: int = 4
+    # Leading tokens compared between requests: deeper than the reranker's system prompt,
+    # instruction and query (~60-100 tokens), so requests group by query, not by template.
+    depth: int = 128
+    # Only the oldest this-many batches' worth of the queue is considered: bounds the cost per
+    # batch whatever the queue depth, and how far ahead a request can jump.
+    lookahead_batches: int = 8
+
+    def __post_init__(self) -> None:
+        if self.max_wait_s < 0 or self.max_skips < 0 or self.depth < 1 or self.lookahead_batches < 1:
+            raise ValueError(f"invalid prefix batching policy {self}")
+
+
 def form_batch(
     waiting: Sequence[Entry],
     *,
@@ -67,8 +96,20 @@ def form_batch(
     max_requests: int | None = None,
     policy: str = "fifo",
     now: float | None = None,
+    prefix: PrefixPolicy | None = None,
 ) -> list[int]:
-    """The next batch under ``policy`` ("fifo"; "prefix" is added by the prefix-aware former)."""
+    """Ascending indices into ``waiting`` of the next batch under ``policy`` ("fifo" | "prefix").
+
+    NOTE: "prefix" counts skips on the entries it passes over, so call it once per batch formed
+    (and take what it returns), as the scheduler's queue does. ``now`` defaults to monotonic().
+    """
     if policy == "fifo":
         return form_batch_fifo(waiting, max_tokens=max_tokens, max_requests=max_requests)
+    if policy == "prefix":
+        from .prefix_forming import form_batch_prefix  # NOTE: lazy, it imports this module
+
+        return form_batch_prefix(
+            waiting, max_tokens=max_tokens, max_requests=max_requests, now=now,
+            config=prefix if prefix is not None else PrefixPolicy(),
+        )
     raise ValueError(f"unknown batching policy {policy!r}")

@@ -1,0 +1,277 @@
+"""Batch formation: FIFO, and the prefix-aware policy's choices on hand-built and random queues.
+
+Checked: light load is exactly FIFO; budgets and request atomicity always hold; grouping by
+shared prefix (one query's requests per batch); aging by time and by skips; no starvation under
+a constant inflow; better compression than FIFO (measured with scheduler.radix.build_index); the
+shared_prefix_tokens helper against build_index's N - N'.
+"""
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from scheduler.forming import Entry, PrefixPolicy, form_batch, form_batch_fifo
+from scheduler.prefix_forming import shared_prefix_tokens
+from scheduler.radix import build_index, positions_from_cu_seqlens
+
+SYSTEM = list(range(1000, 1040))  # the template prefix every request shares (40 tokens)
+NO_AGING = PrefixPolicy(max_wait_s=math.inf, max_skips=10**9)
+
+
+def query(q: int) -> list[int]:
+    return [5000 + 10 * q + j for j in range(10)]
+
+
+def request(rid: int, q: int, n_items: int, rng: random.Random, *, arrival: float = 0.0) -> list[Entry]:
+    """A rerank-like request: SYSTEM + one query + a random passage per item (70 tokens each)."""
+    return [
+        Entry(rid, SYSTEM + query(q) + [rng.randrange(20000, 30000) for _ in range(20)], arrival)
+        for _ in range(n_items)
+    ]
+
+
+def queue_of(query_per_request: list[int], *, n_items: int = 2, seed: int = 0) -> list[Entry]:
+    rng = random.Random(seed)
+    out: list[Entry] = []
+    for rid, q in enumerate(query_per_request):
+        out += request(rid, q, n_items, rng, arrival=rid * 1e-3)
+    return out
+
+
+def query_of(e: Entry) -> int:
+    return (e.input_ids[len(SYSTEM)] - 5000) // 10
+
+
+def compact_and_total(batch: list[Entry]) -> tuple[int, int]:
+    """(N', N) of a batch, from the trie builder itself."""
+    lens = np.array([e.n_tokens for e in batch])
+    cu = np.concatenate(([0], np.cumsum(lens))).astype(np.int32)
+    ids = np.array([t for e in batch for t in e.input_ids], dtype=np.int32)
+    index = build_index(ids, positions_from_cu_seqlens(cu), cu)
+    return len(index.compact_ids), int(cu[-1])
+
+
+def prefix(waiting, *, max_tokens, max_requests=None, now=0.0, config=NO_AGING):
+    return form_batch(
+        waiting, max_tokens=max_tokens, max_requests=max_requests, policy="prefix", now=now, prefix=config
+    )
+
+
+# -- random queues -------------------------------------------------------------------------------
+@st.composite
+def queues(draw):
+    """Requests of 1-4 items over a tiny alphabet (so prefixes collide), random ages and skips."""
+    n_req = draw(st.integers(1, 12))
+    waiting: list[Entry] = []
+    for rid in range(n_req):
+        arrival = draw(st.floats(0.0, 2.0))
+        skips = draw(st.integers(0, 5))
+        for _ in range(draw(st.integers(1, 4))):
+            ids = draw(st.lists(st.integers(0, 3), min_size=1, max_size=12))
+            waiting.append(Entry(rid, ids, arrival, skips=skips))
+    waiting.sort(key=lambda e: e.arrival)  # arrival order; sort is stable, requests stay contiguous
+    return waiting
+
+
+def check_batch(waiting: list[Entry], chosen: list[int], *, max_tokens: int, max_requests: int | None):
+    assert chosen, "a non-empty queue must give a non-empty batch"
+    assert chosen == sorted(set(chosen))
+    cap = max_requests if max_requests is not None else len(waiting)
+    assert len(chosen) <= cap
+    assert sum(waiting[i].n_tokens for i in chosen) <= max_tokens
+    by_request: dict[int, list[int]] = {}
+    for i, e in enumerate(waiting):
+        by_request.setdefault(e.request_id, []).append(i)
+    for rid, idx in by_request.items():
+        inside = [i for i in idx if i in set(chosen)]
+        if inside and inside != idx:  # split: only a request too big for any batch, alone, in order
+            assert inside == idx[: len(inside)]
+            assert len(inside) == len(chosen)
+            assert sum(waiting[i].n_tokens for i in idx) > max_tokens or len(idx) > cap
+
+
+@settings(max_examples=100, deadline=None)
+@given(queues(), st.integers(0, 40), st.one_of(st.none(), st.integers(0, 10)), st.floats(0.0, 3.0))
+def test_light_load_is_exactly_fifo(waiting, slack, extra_requests, now):
+    total = sum(e.n_tokens for e in waiting)
+    max_requests = None if extra_requests is None else len(waiting) + extra_requests
+    skips = [e.skips for e in waiting]
+    got = prefix(waiting, max_tokens=total + slack, max_requests=max_requests, now=now, config=PrefixPolicy())
+    assert got == form_batch_fifo(waiting, max_tokens=total + slack, max_requests=max_requests)
+    assert [e.skips for e in waiting] == skips  # nothing was passed over
+
+
+@settings(max_examples=120, deadline=None)
+@given(queues(), st.data())
+def test_budget_and_atomicity_always_hold(waiting, data):
+    longest = max(e.n_tokens for e in waiting)
+    max_tokens = data.draw(st.integers(longest, longest + 40))
+    max_requests = data.draw(st.one_of(st.none(), st.integers(1, 8)))
+    config = PrefixPolicy(max_wait_s=data.draw(st.floats(0.1, 3.0)), max_skips=data.draw(st.integers(0, 6)))
+    now = data.draw(st.floats(0.0, 3.0))
+    chosen = prefix(waiting, max_tokens=max_tokens, max_requests=max_requests, now=now, config=config)
+    check_batch(waiting, chosen, max_tokens=max_tokens, max_requests=max_requests)
+
+
+# -- hand-built queues ---------------------------------------------------------------------------
+def test_fifo_dispatch_and_unknown_policy():
+    waiting = queue_of([0, 1, 2, 0, 1, 2])
+    assert form_batch(waiting, max_tokens=300, policy="fifo") == form_batch_fifo(waiting, max_tokens=300)
+    with pytest.raises(ValueError):
+        form_batch(waiting, max_tokens=300, policy="lifo")
+    with pytest.raises(ValueError):
+        PrefixPolicy(depth=0)
+
+
+@pytest.mark.parametrize("max_requests", [None, 6])
+def test_groups_one_query_per_batch(max_requests):
+    waiting = queue_of([0, 1, 2] * 3)  # interleaved: 9 requests of 2 items, 140 tokens each
+    group = 3 * 2 * 70
+    fifo = [waiting[i] for i in form_batch_fifo(waiting, max_tokens=group, max_requests=max_requests)]
+    assert len({query_of(e) for e in fifo}) == 3  # FIFO mixes the queries
+    chosen = prefix(waiting, max_tokens=group, max_requests=max_requests)
+    batch = [waiting[i] for i in chosen]
+    assert len(batch) == 6 and len({query_of(e) for e in batch}) == 1
+    n_compact, n = compact_and_total(batch)
+    n_compact_fifo, n_fifo = compact_and_total(fifo)
+    assert n == n_fifo and n_compact < n_compact_fifo
+
+
+def test_group_extends_to_the_nearest_prefix():
+    # `near` shares the system prompt and 5 query tokens with query 0; query 2 only the system prompt
+    waiting = queue_of([2, 0, 2, 0, 2, 0], n_items=1)
+    waiting.append(Entry(99, SYSTEM + query(0)[:5] + [7] * 25, 1.0))
+    chosen = prefix(waiting, max_tokens=4 * 70)
+    assert chosen == [1, 3, 5, 6]
+
+
+def test_atomic_requests_are_never_split_to_fill_a_batch():
+    # popular group (query 0) fills 420 of 450 tokens; a 2-item query-0 request (140) cannot fit
+    waiting = queue_of([0, 1, 0, 1, 0, 1, 0])
+    chosen = prefix(waiting, max_tokens=450)
+    check_batch(waiting, chosen, max_tokens=450, max_requests=None)
+    assert len(chosen) == 6
+
+
+def test_oversized_request_is_split_only_when_first():
+    rng = random.Random(2)
+    small = request(0, 0, 1, rng)
+    big = request(1, 1, 5, rng)  # 350 tokens > budget 200
+    waiting = big + small
+    assert prefix(waiting, max_tokens=200) == [0, 1]  # at the head: split in order, like FIFO
+    waiting = small + big + request(2, 0, 1, rng)
+    chosen = prefix(waiting, max_tokens=200)
+    assert chosen == [0, 6]  # not first: never split into a batch with others
+    big[0].skips = 10**9  # now urgent and the oldest urgent one: split, alone
+    assert prefix(waiting, max_tokens=200, config=PrefixPolicy(max_wait_s=math.inf, max_skips=5)) == [1, 2]
+
+
+@pytest.mark.parametrize("by", ["time", "skips"])
+def test_aging_takes_the_old_entry_first(by):
+    rng = random.Random(3)
+    odd = request(0, 7, 1, rng, arrival=0.9)
+    popular = [e for rid in range(1, 7) for e in request(rid, 0, 1, rng, arrival=1.0)]
+    waiting = odd + popular
+    config = PrefixPolicy(max_wait_s=0.5, max_skips=3)
+    budget = 6 * 70
+    fresh = prefix(waiting, max_tokens=budget, now=1.2, config=config)
+    assert 0 not in fresh and odd[0].skips == 1  # grouping passed it over once
+    if by == "time":
+        chosen = prefix(waiting, max_tokens=budget, now=1.45, config=config)  # odd: 0.55 s old
+    else:
+        odd[0].skips = 3
+        chosen = prefix(waiting, max_tokens=budget, now=1.2, config=config)
+    assert chosen[0] == 0 and len(chosen) == 6
+
+
+def test_skips_counted_only_for_requests_passed_over():
+    waiting = queue_of([1, 0, 0, 0, 2])  # requests 0 and 4 are odd ones out
+    chosen = prefix(waiting, max_tokens=420)
+    assert chosen == [2, 3, 4, 5, 6, 7]
+    assert [e.skips for e in waiting] == [1, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("lookahead", [1, 2, 8])
+def test_lookahead_bounds_how_far_the_former_looks(lookahead):
+    waiting = queue_of([1, 2, 3, 0, 0, 0])  # the group of query 0 sits past one batch's worth
+    config = PrefixPolicy(max_wait_s=math.inf, max_skips=10**9, lookahead_batches=lookahead)
+    chosen = prefix(waiting, max_tokens=420, config=config)
+    assert chosen == (list(range(6)) if lookahead == 1 else list(range(6, 12)))
+
+
+def test_no_sharing_falls_back_to_fifo():
+    rng = random.Random(4)
+    waiting = [Entry(r, [rng.randrange(1, 10**5) for _ in range(50)], 0.0) for r in range(20)]
+    assert prefix(waiting, max_tokens=400) == form_batch_fifo(waiting, max_tokens=400)
+    assert all(e.skips == 0 for e in waiting)
+
+
+def simulate(config: PrefixPolicy, *, steps: int, dt: float) -> int | None:
+    """Batches until the oldest (odd) request is served, two popular queries arriving faster than served."""
+    rng = random.Random(5)
+    rid = 0
+    waiting: list[Entry] = []
+
+    def arrive(t: float, q: int) -> None:
+        nonlocal rid
+        waiting.extend(request(rid, q, 2, rng, arrival=t))
+        rid += 1
+
+    odd_rid = rid
+    arrive(0.0, 9)
+    for j in range(6):
+        arrive(0.0, j % 2)
+    for step in range(steps):
+        now = step * dt
+        for j in range(4):  # 4 requests in, 3 out per batch: the queue only grows
+            arrive(now, j % 2)
+        chosen = form_batch(waiting, max_tokens=3 * 140, policy="prefix", now=now, prefix=config)
+        check_batch(waiting, chosen, max_tokens=3 * 140, max_requests=None)
+        if any(waiting[i].request_id == odd_rid for i in chosen):
+            return step + 1
+        picked = set(chosen)
+        waiting[:] = [e for i, e in enumerate(waiting) if i not in picked]
+    return None
+
+
+def test_no_starvation_under_constant_inflow():
+    assert simulate(NO_AGING, steps=30, dt=0.1) is None  # grouping alone would starve it
+    # passed over at most max_skips times, then first
+    assert simulate(PrefixPolicy(max_wait_s=math.inf, max_skips=3), steps=30, dt=0.1) <= 3 + 1
+    # the first batch formed at or after arrival + max_wait_s (batches at now = 0, 0.1, ...) takes it
+    assert simulate(PrefixPolicy(max_wait_s=0.45, max_skips=10**9), steps=30, dt=0.1) <= math.ceil(0.45 / 0.1) + 1
+
+
+def drain(waiting: list[Entry], policy: str, *, max_tokens: int) -> tuple[int, int]:
+    waiting = list(waiting)
+    n_compact = n_total = 0
+    while waiting:
+        chosen = form_batch(waiting, max_tokens=max_tokens, policy=policy, now=0.0)
+        c, n = compact_and_total([waiting[i] for i in chosen])
+        n_compact, n_total = n_compact + c, n_total + n
+        picked = set(chosen)
+        waiting = [e for i, e in enumerate(waiting) if i not in picked]
+    return n_compact, n_total
+
+
+def test_prefix_policy_compresses_better_than_fifo():
+    queries = [q for q in range(12) for _ in range(4)]  # 12 queries, 4 requests each, shuffled
+    random.Random(6).shuffle(queries)
+    waiting = queue_of(queries, n_items=4, seed=7)
+    c_fifo, n_fifo = drain(waiting, "fifo", max_tokens=4 * 4 * 70)
+    c_prefix, n_prefix = drain(waiting, "prefix", max_tokens=4 * 4 * 70)
+    assert n_fifo == n_prefix == sum(e.n_tokens for e in waiting)
+    assert c_prefix / n_prefix < c_fifo / n_fifo
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=10), min_size=1, max_size=8))
+def test_shared_prefix_tokens_matches_build_index(seqs):
+    batch = [Entry(0, s, 0.0) for s in seqs]
+    n_compact, n = compact_and_total(batch)
+    assert shared_prefix_tokens(seqs) == n - n_compact
