@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .forming import Entry, form_batch
+from .forming import Entry, PrefixPolicy, form_batch
 from .metrics import Metrics
 from .waiting import WaitQueue
 
@@ -44,6 +44,7 @@ class PipelineConfig:
     radix_threshold: float
     policy: str = "fifo"
     max_wait_s: float = 0.0  # hold a batch open this long for more entries (0: form at once)
+    prefix: PrefixPolicy | None = None  # knobs of policy "prefix" (None: its defaults)
 
 
 @dataclass
@@ -162,7 +163,8 @@ class Pipeline:
     def _select(self, waiting: Sequence[Entry], now: float) -> list[int]:
         c = self.config
         return form_batch(
-            waiting, max_tokens=c.max_batch_tokens, max_requests=c.max_batch_requests, policy=c.policy, now=now
+            waiting, max_tokens=c.max_batch_tokens, max_requests=c.max_batch_requests, policy=c.policy, now=now,
+            prefix=c.prefix,
         )
 
     def _hold(self, waiting: Sequence[Entry], now: float) -> float:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .forming import Entry
+from .forming import Entry, PrefixPolicy
 from .metrics import Metrics
 from .pipeline import BatchFailed, BatchTrace, Pipeline, PipelineConfig, WorkerDead
 from .waiting import QueueClosed, WaitQueue
@@ -81,6 +81,7 @@ class Scheduler:
         metrics: Metrics | None = None,
         policy: str = "fifo",
         max_wait_s: float = 0.0,
+        prefix_policy: PrefixPolicy | None = None,
         build_index: Callable[[np.ndarray, np.ndarray, np.ndarray], Any] | None = None,
         disconnect_poll_s: float = 0.1,
         trace_len: int = 256,
@@ -106,6 +107,7 @@ class Scheduler:
             radix_threshold=radix_threshold,
             policy=policy,
             max_wait_s=max_wait_s,
+            prefix=prefix_policy,
         )
         self._pipeline = Pipeline(
             runner,

@@ -47,6 +47,7 @@ def load_runner(config: ServerConfig):
 
 def build_scheduler(config: ServerConfig, runner, metrics: Metrics):
     from scheduler import Scheduler
+    from scheduler.forming import PrefixPolicy
 
     return Scheduler(
         runner,
@@ -54,6 +55,10 @@ def build_scheduler(config: ServerConfig, runner, metrics: Metrics):
         max_batch_requests=config.max_batch_requests,
         radix_threshold=config.radix_mlp_threshold,
         metrics=metrics,
+        policy=config.batching_policy,
+        prefix_policy=PrefixPolicy(
+            max_wait_s=config.batching_max_wait_ms / 1000.0, max_skips=config.batching_max_skips
+        ),
     )
 
 
@@ -63,6 +68,7 @@ def startup_line(config: ServerConfig, runner, max_len: int) -> str:
         f"device={runner.device} dtype={str(runner.dtype).replace('torch.', '')} "
         f"attention_backend={runner.attention_backend} kernels={runner.kernels} "
         f"radix_mlp_threshold={config.radix_mlp_threshold} radix_attention={runner.radix_attention} "
+        f"batching_policy={config.batching_policy} "
         f"max_input_length={max_len} max_batch_tokens={config.max_batch_tokens} "
         f"max_concurrent_requests={config.max_concurrent_requests} on {config.hostname}:{config.port}"
     )

@@ -32,6 +32,11 @@ class ServerConfig:
     auto_truncate: bool = True
     radix_mlp_threshold: float = 0.95
     radix_attention: str = "compact"
+    # Batch formation (issue 7): fifo, or prefix (group waiting requests that share prefixes;
+    # requests waiting longer than the max wait, or passed over max-skips times, go first).
+    batching_policy: str = "fifo"
+    batching_max_wait_ms: float = 500.0
+    batching_max_skips: int = 4
     pooling: str | None = None  # None: from the checkpoint
     default_prompt_name: str | None = None
     default_prompt: str | None = None
@@ -44,6 +49,10 @@ class ServerConfig:
             raise ValueError("give --default-prompt-name or --default-prompt, not both")
         if self.radix_attention not in ("compact", "paper"):
             raise ValueError(f"--radix-attention must be compact or paper, not {self.radix_attention!r}")
+        if self.batching_policy not in ("fifo", "prefix"):
+            raise ValueError(f"--batching-policy must be fifo or prefix, not {self.batching_policy!r}")
+        if self.batching_max_wait_ms < 0 or self.batching_max_skips < 0:
+            raise ValueError("--batching-max-wait-ms and --batching-max-skips must be >= 0")
         if not 0.0 <= self.radix_mlp_threshold <= 1.0:
             raise ValueError("--radix-mlp-threshold must lie in [0, 1]")
         for name in ("max_batch_tokens", "max_concurrent_requests", "max_client_batch_size", "payload_limit"):

@@ -76,5 +76,6 @@ def build_info(service: Service, *, config, max_input_length: int) -> dict:
         "max_client_batch_size": config.max_client_batch_size,
         "radix_mlp_threshold": config.radix_mlp_threshold,
         "radix_attention": runner.radix_attention,
+        "batching_policy": config.batching_policy,
         "version": version(),
     }

@@ -402,21 +402,3 @@ def test_real_radix_index_reaches_prepare():
     want = FakeIndex(np.array([t for s in items for t in s]), np.array([0, 5, 9, 15]))
     assert index is not None and hasattr(radix, "build_index")
     assert index.ratio == pytest.approx(want.ratio) and len(index.compact_ids) == len(want.compact_ids)
-
-
-def test_scheduled_results_match_direct_runner(request):
-    models = pytest.importorskip("models")
-    if not hasattr(models, "load_runner"):
-        pytest.skip("models.load_runner is not there yet")
-    runner = models.load_runner(str(request.getfixturevalue("tiny_embedding_dir")), device="cpu")
-    reqs = [[[11, 12, 13, 14, 15], [11, 12, 13, 99]], [[11, 12, 7]], [[40, 41, 42, 43, 44, 45]]]
-
-    async def go(sched):
-        return await asyncio.gather(*(sched.submit(items) for items in reqs))
-
-    _, results = run_async(runner, go, max_batch_tokens=64, radix_threshold=1.0)
-    for items, res in zip(reqs, results):
-        for item, out in zip(items, res.outputs):
-            cu = np.array([0, len(item)], np.int32)
-            direct = runner.run(runner.prepare(np.array(item, np.int32), cu)).numpy()[0]
-            np.testing.assert_allclose(out, direct, atol=1e-4, rtol=0)
