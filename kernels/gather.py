@@ -55,19 +55,32 @@ def clear_stale_lock(build_dir: Path | str, *, max_age_s: float = STALE_LOCK_S) 
     return True
 
 
-def _build():
+def build_now():
+    """Compile (or reuse) the extension and stamp it for ``kernels.build.load_prebuilt``."""
     from torch.utils import cpp_extension  # NOTE: imported lazily; never at module import
+
+    from kernels.build import write_stamp
 
     build_dir = extension_root() / EXTENSION_NAME
     build_dir.mkdir(parents=True, exist_ok=True)
     clear_stale_lock(build_dir)
-    return cpp_extension.load(
+    ext = cpp_extension.load(
         name=EXTENSION_NAME,
         sources=[str(SOURCE)],
         build_directory=str(build_dir),
         extra_cuda_cflags=["-O3", "--expt-relaxed-constexpr"],
         verbose=False,
     )
+    write_stamp(build_dir, EXTENSION_NAME, [SOURCE])
+    return ext
+
+
+def _build():
+    """A prebuilt .so whose stamp matches gather.cu (docker image), else a JIT build."""
+    from kernels.build import load_prebuilt
+
+    ext = load_prebuilt(EXTENSION_NAME, extension_root() / EXTENSION_NAME, [SOURCE])
+    return ext if ext is not None else build_now()
 
 
 def load_extension():

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = ["tests/test_kernels.py", "tests/test_gpu_model.py"]
+TESTS = ["tests/test_kernels.py", "tests/test_kernels_gpu.py", "tests/test_kernels_build.py", "tests/test_gpu_model.py"]
 
 
 def _env() -> dict:
