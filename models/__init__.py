@@ -1,0 +1,16 @@
+"""Model engine: config, weight loading, the Qwen3-family ragged forward, pooling and heads.
+
+`load_runner(...) -> Runner` is the entry point (imported lazily, so `models.fixtures` and
+`models.prompts` stay cheap to import).
+"""
+from __future__ import annotations
+
+__all__ = ["Runner", "load_runner"]
+
+
+def __getattr__(name: str):
+    if name in __all__:
+        from models import runner
+
+        return getattr(runner, name)
+    raise AttributeError(f"module 'models' has no attribute {name!r}")

@@ -1,0 +1,31 @@
+"""Benchmark CLI: `python -m loadtest.bench forward ...` or `python -m loadtest.bench index ...`.
+
+Each subcommand's module is imported only when chosen (the index benchmark needs no model).
+"""
+from __future__ import annotations
+
+import sys
+
+USAGE = "usage: python -m loadtest.bench {forward,index} [options]  (--help after the subcommand)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command == "forward":
+        from loadtest import bench_forward
+
+        return bench_forward.main(rest) or 0
+    if command == "index":
+        from loadtest import bench_index
+
+        return bench_index.main(rest) or 0
+    print(f"unknown benchmark {command!r}\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

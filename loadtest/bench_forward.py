@@ -1,0 +1,158 @@
+"""Forward benchmark: off / paper / compact on synthetic prefix-sharing batches.
+
+Each batch is B sequences sharing one P-token prefix, each with its own S-token suffix (random
+ids). For each mode it prints N, N', the ratio, the median forward time (modes interleaved round by round), the speedup over `off`
+and the Amdahl prediction 1/((1-f) + f/r) with r = N/N' and f the position-wise share of the
+`off` forward's FLOPs (computed analytically). Figures only; nothing is asserted.
+
+    python -m loadtest.bench forward --preset qwen3-0.6b --layers 2 --dtype float32 \
+        --batch 16 --prefix 128 512 --suffix 128
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+
+from models.batch import build_forward_batch
+from models.config import ModelConfig
+from models.runner import Runner, load_runner
+from scheduler.radix import build_index, positions_from_cu_seqlens
+
+MODES = ("off", "paper", "compact")
+
+
+@dataclass(frozen=True)
+class Row:
+    prefix: int
+    mode: str
+    tokens: int  # N
+    compact_tokens: int  # N' (N for off)
+    ratio: float  # N'/N
+    median_ms: float
+    speedup: float  # over off
+    amdahl: float  # predicted speedup for the paper's method
+    pw_share: float  # f
+
+
+def position_wise_share(cfg: ModelConfig, lens: list[int]) -> float:
+    """f = position-wise FLOPs / all FLOPs of the `off` forward (per layer; layers cancel)."""
+    e, h, hkv, d, i = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                       cfg.head_dim, cfg.intermediate_size)
+    pw = 2 * (e * (h + 2 * hkv) * d + h * d * e + 3 * e * i) * sum(lens)
+    attn = sum(2 * 2 * h * d * n * (n + 1) / 2 for n in lens)
+    return pw / (pw + attn)
+
+
+def synthetic_batch(batch: int, prefix: int, suffix: int, *, vocab: int, seed: int):
+    rng = np.random.default_rng(seed)
+    shared = rng.integers(0, vocab, prefix)
+    seqs = [np.concatenate([shared, rng.integers(0, vocab, suffix)]) for _ in range(batch)]
+    ids = np.concatenate(seqs).astype(np.int32)
+    cu = np.zeros(batch + 1, dtype=np.int32)
+    cu[1:] = np.cumsum([len(s) for s in seqs])
+    return ids, cu
+
+
+def _time_interleaved(runner: Runner, batches: dict, *, warmup: int, repeats: int) -> dict:
+    """Median ms per mode; modes alternate within each round so background load hits all alike."""
+    cuda = runner.device.type == "cuda"
+    times: dict[str, list[float]] = {mode: [] for mode in batches}
+    with torch.inference_mode():
+        for k in range(warmup + repeats):
+            for mode, fb in batches.items():
+                if cuda:
+                    torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                runner.forward(fb)
+                if cuda:
+                    torch.cuda.synchronize()
+                if k >= warmup:
+                    times[mode].append((time.perf_counter() - t0) * 1e3)
+    return {mode: statistics.median(ts) for mode, ts in times.items()}
+
+
+def bench(runner: Runner, *, batch: int, prefixes: list[int], suffix: int, warmup: int,
+          repeats: int, seed: int, modes=MODES) -> list[Row]:
+    rows = []
+    mean = runner.kind == "embedding" and runner.pooling == "mean"
+    for prefix in prefixes:
+        ids, cu = synthetic_batch(batch, prefix, suffix, vocab=runner.config.vocab_size, seed=seed)
+        index = build_index(ids, positions_from_cu_seqlens(cu), cu)
+        n = int(cu[-1])
+        f = position_wise_share(runner.config, np.diff(cu).tolist())
+        r = n / len(index.compact_ids)
+        amdahl = 1.0 / ((1 - f) + f / r)
+        batches = {mode: build_forward_batch(ids, cu, None if mode == "off" else index, mode=mode,
+                                             device=runner.device, mean_pooling=mean)
+                   for mode in modes}
+        ms = _time_interleaved(runner, batches, warmup=warmup, repeats=repeats)
+        base = ms.get("off")
+        for mode, fb in batches.items():
+            rows.append(Row(prefix=prefix, mode=mode, tokens=n, compact_tokens=fb.num_rows,
+                            ratio=fb.num_rows / n, median_ms=ms[mode],
+                            speedup=(base / ms[mode]) if base else float("nan"),
+                            amdahl=1.0 if mode == "off" else amdahl, pw_share=f))
+    return rows
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="python -m loadtest.bench forward", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--model-dir", help="a checkpoint directory (or hub id)")
+    src.add_argument("--preset", default="qwen3-0.6b", help="fixture preset (models.fixtures)")
+    p.add_argument("--layers", type=int, default=None, help="layers of the fixture preset")
+    p.add_argument("--fixture-root", default=None, help="where fixtures are cached")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default=None, help="float32, float16, bfloat16")
+    p.add_argument("--batch", "-B", type=int, default=16)
+    p.add_argument("--prefix", "-P", type=int, nargs="+", default=[128, 512])
+    p.add_argument("--suffix", "-S", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model_dir = args.model_dir
+    if model_dir is None:
+        from models import fixtures
+
+        model_dir = str(fixtures.cached(args.preset, layers=args.layers, root=args.fixture_root))
+    runner = load_runner(model_dir, device=args.device, dtype=args.dtype)
+    rows = bench(runner, batch=args.batch, prefixes=args.prefix, suffix=args.suffix,
+                 warmup=args.warmup, repeats=args.repeats, seed=args.seed, modes=args.modes)
+    if args.json:
+        print(json.dumps({"model": model_dir, "device": str(runner.device),
+                          "dtype": str(runner.dtype).replace("torch.", ""),
+                          "attention_backend": runner.attention_backend,
+                          "threads": torch.get_num_threads(), "batch": args.batch,
+                          "suffix": args.suffix, "rows": [asdict(r) for r in rows]}, indent=2))
+        return 0
+    print(f"# {model_dir} on {runner.device} {str(runner.dtype).replace('torch.', '')}, "
+          f"attention {runner.attention_backend}, {torch.get_num_threads()} threads, "
+          f"B={args.batch} S={args.suffix}, median of {args.repeats}")
+    print(f"{'P':>5} {'mode':>8} {'N':>7} {'N_':>7} {'ratio':>6} {'ms':>9} {'speedup':>8} "
+          f"{'amdahl':>7} {'of_amdahl':>9} {'f':>5}")
+    for r in rows:
+        of = r.speedup / r.amdahl if r.mode != "off" else 1.0
+        print(f"{r.prefix:>5} {r.mode:>8} {r.tokens:>7} {r.compact_tokens:>7} {r.ratio:>6.3f} "
+              f"{r.median_ms:>9.1f} {r.speedup:>8.2f} {r.amdahl:>7.2f} {of:>9.0%} {r.pw_share:>5.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,160 @@
+"""Model configuration read from a Hugging Face config.json (Qwen3, Qwen2, Llama, Mistral).
+
+Invariant: every number the forward depends on comes from the file. In particular rope_theta is
+read from the top level (hub layout, next to `rope_scaling`) or from `rope_parameters`
+(transformers 5 layout); it only defaults to 10000 when neither holds it, as in transformers.
+RoPE scaling types we do not implement are rejected here, not silently ignored.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """RoPE frequency scaling ("default" means none)."""
+
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0  # llama3 only
+    high_freq_factor: float = 4.0  # llama3 only
+    original_max_position_embeddings: int = 8192  # llama3 only
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    architectures: tuple[str, ...]
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: RopeScaling
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qk_norm: bool  # q_norm / k_norm on each head (Qwen3)
+    qkv_bias: bool  # bias on q/k/v projections (Qwen2; Llama's attention_bias)
+    o_bias: bool  # bias on o_proj (Llama's attention_bias)
+    mlp_bias: bool  # bias on gate/up/down (Llama's mlp_bias)
+    sliding_window: int | None  # only when the model actually uses one
+
+    @property
+    def is_causal_lm(self) -> bool:
+        return any(a.endswith("ForCausalLM") for a in self.architectures)
+
+    @classmethod
+    def from_pretrained_dir(cls, path: str | Path) -> "ModelConfig":
+        path = Path(path) / "config.json"
+        if not path.is_file():
+            raise FileNotFoundError(f"no config.json in {path.parent}")
+        return cls.from_dict(json.loads(path.read_text()))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "ModelConfig":
+        model_type = d.get("model_type", "")
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
+            )
+        act = d.get("hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"unsupported hidden_act {act!r} (only silu / SwiGLU)")
+        heads = int(d["num_attention_heads"])
+        hidden = int(d["hidden_size"])
+        head_dim = d.get("head_dim") or hidden // heads
+        theta, scaling = _rope(d)
+        attention_bias = bool(d.get("attention_bias", False))
+        biased = model_type in ("llama", "qwen3") and attention_bias  # Mistral has no biases
+        return cls(
+            model_type=model_type,
+            architectures=tuple(d.get("architectures") or ()),
+            vocab_size=int(d["vocab_size"]),
+            hidden_size=hidden,
+            intermediate_size=int(d["intermediate_size"]),
+            num_hidden_layers=int(d["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(d.get("num_key_value_heads") or heads),
+            head_dim=int(head_dim),
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            max_position_embeddings=int(d.get("max_position_embeddings", 32768)),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            qk_norm=model_type == "qwen3",
+            qkv_bias=model_type == "qwen2" or biased,
+            o_bias=biased,
+            mlp_bias=bool(d.get("mlp_bias", False)),
+            sliding_window=_sliding_window(d, model_type),
+        )
+
+
+def _rope(d: dict[str, Any]) -> tuple[float, RopeScaling]:
+    """(theta, scaling) from the top level or from transformers 5's `rope_parameters`."""
+    params = d.get("rope_parameters") or {}
+    scaling = d.get("rope_scaling") or {}
+    theta = d.get("rope_theta", params.get("rope_theta", scaling.get("rope_theta", 10000.0)))
+    # NOTE: transformers 5 keeps the scaling keys inside rope_parameters; the hub keeps them in
+    # rope_scaling. Whichever names a non-default type wins.
+    spec = scaling if scaling.get("rope_type", scaling.get("type")) else params
+    rope_type = spec.get("rope_type", spec.get("type", "default")) or "default"
+    if rope_type not in SUPPORTED_ROPE_TYPES:
+        raise ValueError(
+            f"unsupported rope scaling type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+        )
+    if rope_type == "default":
+        return float(theta), RopeScaling()
+    factor = float(spec["factor"])
+    if rope_type == "linear":
+        return float(theta), RopeScaling(rope_type="linear", factor=factor)
+    return float(theta), RopeScaling(
+        rope_type="llama3",
+        factor=factor,
+        low_freq_factor=float(spec.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(spec.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(spec.get("original_max_position_embeddings", 8192)),
+    )
+
+
+def _sliding_window(d: dict[str, Any], model_type: str) -> int | None:
+    window = d.get("sliding_window")
+    if not window:
+        return None
+    if model_type == "mistral":
+        return int(window)
+    # Qwen2/Qwen3 configs carry sliding_window but only apply it with use_sliding_window.
+    return int(window) if d.get("use_sliding_window") else None
+
+
+def rope_inv_freq(cfg: ModelConfig):
+    """[D/2] float32 inverse frequencies, computed the way transformers does (then scaled)."""
+    import torch
+
+    dim = cfg.head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float, device="cpu") / dim))
+    s = cfg.rope_scaling
+    if s.rope_type == "linear":
+        return inv_freq / s.factor
+    if s.rope_type == "llama3":
+        low_wavelen = s.original_max_position_embeddings / s.low_freq_factor
+        high_wavelen = s.original_max_position_embeddings / s.high_freq_factor
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > low_wavelen, inv_freq / s.factor, inv_freq)
+        smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor) / (
+            s.high_freq_factor - s.low_freq_factor
+        )
+        smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled
+        medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
+        return torch.where(medium, smoothed, scaled)
+    return inv_freq

@@ -1,0 +1,99 @@
+"""Finding a checkpoint and loading its weights by a name walk.
+
+Invariant: module attribute names are checkpoint names, so loading is "strip an optional
+`model.` prefix, then assign". Every parameter the model declares must be found in the
+checkpoint (a clear error lists the missing ones); extra checkpoint keys are ignored.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import nn
+
+# What a snapshot download needs (weights, config, tokenizer, sentence-transformers files).
+ALLOW_PATTERNS = (
+    "*.json",
+    "*.safetensors",
+    "tokenizer*",
+    "merges.txt",
+    "vocab.json",
+    "1_Pooling/*",
+)
+
+
+def default_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
+def parse_dtype(dtype: str | torch.dtype | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return default_dtype(device)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    names = {"float32": torch.float32, "fp32": torch.float32, "float16": torch.float16,
+             "fp16": torch.float16, "half": torch.float16, "bfloat16": torch.bfloat16,
+             "bf16": torch.bfloat16}
+    if dtype not in names:
+        raise ValueError(f"unsupported dtype {dtype!r}; use float32, float16 or bfloat16")
+    return names[dtype]
+
+
+def resolve_model_dir(model_id: str | Path, revision: str | None = None) -> Path:
+    """A local checkpoint directory for `model_id` (a path, or a hub id fetched into the cache)."""
+    path = Path(model_id).expanduser()
+    if path.is_dir():
+        return path
+    if path.is_absolute() or str(model_id).startswith((".", "~")) or str(model_id).count("/") > 1:
+        raise FileNotFoundError(f"model directory {str(model_id)!r} does not exist")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(str(model_id), revision=revision,
+                                      allow_patterns=list(ALLOW_PATTERNS)))
+    except Exception as exc:  # offline, unknown id, no access: all the same to the caller
+        raise FileNotFoundError(
+            f"could not find model {str(model_id)!r} (revision {revision or 'default'}): not a local "
+            f"directory, and the hub download failed ({type(exc).__name__}: {exc})"
+        ) from exc
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    """model.safetensors, or the shards named by model.safetensors.index.json."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return [model_dir / name for name in sorted(set(weight_map.values()))]
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {model_dir}")
+
+
+def _strip(name: str) -> str:
+    return name[len("model."):] if name.startswith("model.") else name
+
+
+def load_weights(model: nn.Module, model_dir: str | Path, *, device: torch.device,
+                 dtype: torch.dtype) -> None:
+    """Assign checkpoint tensors to `model`'s parameters (which may live on the meta device)."""
+    from safetensors import safe_open
+
+    wanted = {name for name, _ in model.named_parameters()}
+    state: dict[str, torch.Tensor] = {}
+    for file in checkpoint_files(Path(model_dir)):
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for key in f.keys():
+                name = _strip(key)
+                if name in wanted and name not in state:
+                    state[name] = f.get_tensor(key).to(device=device, dtype=dtype)
+    missing = sorted(wanted - state.keys())
+    if missing:
+        shown = ", ".join(missing[:10]) + (f" ... ({len(missing)} in all)" if len(missing) > 10 else "")
+        raise KeyError(f"checkpoint {model_dir} lacks weights: {shown}")
+    model.load_state_dict(state, strict=False, assign=True)

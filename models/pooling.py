@@ -1,0 +1,55 @@
+"""Pooling and heads over the rows the model ran on (compact rows in radix modes).
+
+Invariant: N rows of hidden states are never materialised. Last-token and cls read B rows
+through the batch's row indices; mean pooling applies the final RMSNorm per row (it is not
+linear, and sentence-transformers averages the *normed* last hidden state) and then takes a
+sparse [B, T] weighted sum whose weights are multiplicity / original length. The final norm
+and the head touch pooled rows only; the reranker computes just the "yes" and "no" logits.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from models.batch import ForwardBatch
+from models.qwen3 import Qwen3Model
+
+POOLINGS = ("last-token", "mean", "cls")
+
+
+def pool(model: Qwen3Model, hidden: Tensor, batch: ForwardBatch, pooling: str) -> Tensor:
+    """hidden [T, E] before the final norm -> [B, E] pooled, after the final norm."""
+    if pooling == "last-token":
+        return model.norm(hidden.index_select(0, batch.last_rows))  # [B, E]
+    if pooling == "cls":
+        return model.norm(hidden.index_select(0, batch.first_rows))  # [B, E]
+    if pooling == "mean":
+        if batch.mean_weights is None:
+            raise ValueError("mean pooling needs a batch built with mean_pooling=True")
+        normed = model.norm(hidden).float()  # [T, E], T = N' in radix modes
+        return torch.sparse.mm(batch.mean_weights, normed)  # [B, E]
+    raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+
+
+def rerank_logits(model: Qwen3Model, hidden: Tensor, batch: ForwardBatch, *,
+                  yes_id: int, no_id: int) -> Tensor:
+    """[B] raw scores logit("yes") - logit("no") at each sequence's last token."""
+    h = model.norm(hidden.index_select(0, batch.last_rows))  # [B, E]
+    ids = torch.tensor([yes_id, no_id], device=h.device)
+    rows = model.head_weight().index_select(0, ids)  # [2, E]: never the full vocabulary
+    logits = h @ rows.t()  # [B, 2]
+    return logits[:, 0] - logits[:, 1]
+
+
+def normalize(emb, dimensions: int | None = None):
+    """Matryoshka: truncate [B, E] to `dimensions` first, then L2-normalise (torch or numpy)."""
+    if dimensions is not None:
+        if dimensions <= 0 or dimensions > emb.shape[-1]:
+            raise ValueError(f"dimensions must be in 1..{emb.shape[-1]}, got {dimensions}")
+        emb = emb[..., :dimensions]
+    if isinstance(emb, torch.Tensor):
+        return torch.nn.functional.normalize(emb.float(), p=2.0, dim=-1)
+    emb = np.asarray(emb, dtype=np.float32)
+    norm = np.linalg.norm(emb, axis=-1, keepdims=True)
+    return emb / np.maximum(norm, 1e-12)

@@ -1,0 +1,161 @@
+"""The Qwen3 family decoder (also Qwen2, Llama, Mistral) over one ragged token list.
+
+Reads top to bottom like the paper: RMSNorm, rotary, attention, MLP, decoder layer, model.
+Invariant: everything except attention is position-wise, so with a radix index the model runs
+on the N' compact rows and only attention sees sequences:
+- "off":     T = N rows, varlen causal attention over cu_seqlens.
+- "paper":   T = N' rows; Q, K, V are gathered to the N-row layout (scatter), attention runs
+             there, the output is gathered back to N' rows (gather).
+- "compact": T = N' rows; queries stay compact (each owner's block is a suffix of it), K/V are
+             gathered per owner to its full length (kv_index), causal mask aligned bottom-right.
+Module attribute names are the checkpoint's, so loading is a name walk (models/loader.py).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from kernels import GatherFn, GatherPairFn
+from models.attention import AttentionBackend
+from models.batch import ForwardBatch
+from models.config import ModelConfig, rope_inv_freq
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        # NOTE: normalise in fp32, cast back before the weight, exactly as transformers does.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Rotary:
+    """Precomputed cos/sin [P, D/2] (fp32), indexed by positions; not a parameter."""
+
+    def __init__(self, cfg: ModelConfig, device: torch.device):
+        inv_freq = rope_inv_freq(cfg).to(device)  # [D/2]
+        pos = torch.arange(cfg.max_position_embeddings, device=device, dtype=torch.float)
+        freqs = pos[:, None] * inv_freq[None, :]  # [P, D/2]
+        self.cos, self.sin = freqs.cos(), freqs.sin()
+
+    def __call__(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        cos = self.cos.index_select(0, positions).to(dtype)[:, None, :]  # [T, 1, D/2]
+        sin = self.sin.index_select(0, positions).to(dtype)[:, None, :]
+        return cos, sin
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [T, H, D] rotated by half-split pairs (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)."""
+    x1, x2 = x.chunk(2, dim=-1)  # [T, H, D/2] each
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, kernels: "Kernels"):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = (cfg.num_attention_heads,
+                                                    cfg.num_key_value_heads, cfg.head_dim)
+        e, hd = cfg.hidden_size, cfg.head_dim
+        self.q_proj = nn.Linear(e, self.heads * hd, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(e, self.kv_heads * hd, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(e, self.kv_heads * hd, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(self.heads * hd, e, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+        self.scale = hd ** -0.5
+        self.kernels = kernels
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], batch: ForwardBatch) -> Tensor:
+        t = x.shape[0]
+        q = self.q_proj(x).view(t, self.heads, self.head_dim)  # [T, H, D]
+        k = self.k_proj(x).view(t, self.kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = self.v_proj(x).view(t, self.kv_heads, self.head_dim)  # [T, Hkv, D]
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        o = self.attend(q, k, v, batch)  # [T, H, D]
+        return self.o_proj(o.reshape(t, self.heads * self.head_dim))  # [T, E]
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch) -> Tensor:
+        ker = self.kernels
+        if batch.mode == "off":
+            return ker.attention(q, k, v, batch.attn, scale=self.scale)
+        if batch.mode == "paper":
+            qf = ker.gather_rows(q, batch.scatter)  # [N, H, D]
+            kf, vf = ker.gather_rows_pair(k, v, batch.scatter)  # [N, Hkv, D]
+            of = ker.attention(qf, kf, vf, batch.attn, scale=self.scale)  # [N, H, D]
+            return ker.gather_rows(of, batch.gather)  # [N', H, D]
+        # compact: queries stay [N', H, D]; each owner's keys are its full sequence.
+        kc, vc = ker.gather_rows_pair(k, v, batch.kv_index)  # [sum owner lens, Hkv, D]
+        return ker.attention(q, kc, vc, batch.attn, scale=self.scale)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        e, i = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = nn.Linear(e, i, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(e, i, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(i, e, bias=cfg.mlp_bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, kernels: "Kernels"):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg, kernels)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], batch: ForwardBatch) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, batch)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class Kernels:
+    """The attention backend and row gathers, picked once when the model is built."""
+
+    def __init__(self, attention: AttentionBackend, gather_rows: GatherFn,
+                 gather_rows_pair: GatherPairFn):
+        self.attention, self.gather_rows, self.gather_rows_pair = attention, gather_rows, gather_rows_pair
+
+
+class Qwen3Model(nn.Module):
+    """Decoder stack; forward returns hidden states *before* the final norm.
+
+    The final `norm` (and `lm_head`) are applied by models/pooling.py to pooled rows only.
+    """
+
+    def __init__(self, cfg: ModelConfig, kernels: Kernels, *, rope_device: torch.device,
+                 lm_head: bool = False):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, kernels) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        if lm_head and not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.rotary = Rotary(cfg, rope_device)
+
+    def head_weight(self) -> Tensor:
+        """[V, E] output embedding (lm_head, or the tied input embedding)."""
+        head = getattr(self, "lm_head", None)
+        return head.weight if head is not None else self.embed_tokens.weight
+
+    def forward(self, input_ids: Tensor, positions: Tensor, batch: ForwardBatch) -> Tensor:
+        x = self.embed_tokens(input_ids)  # [T, E]
+        rope = self.rotary(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, rope, batch)
+        return x  # [T, E]

@@ -1,0 +1,110 @@
+"""Loading: key prefixes, sharding, both config layouts, and clear errors."""
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from models.loader import resolve_model_dir
+from models.runner import load_runner
+
+SEQS = [[1, 2, 3, 4, 5], [1, 2, 3, 6, 7], [9]]
+
+
+def _embed(model_dir):
+    runner = load_runner(str(model_dir), device="cpu", dtype="float32")
+    ids = np.concatenate([np.asarray(s, np.int32) for s in SEQS])
+    cu = np.cumsum([0] + [len(s) for s in SEQS]).astype(np.int32)
+    return runner.run(runner.prepare(ids, cu))
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_embedding_dir):
+    return _embed(tiny_embedding_dir)
+
+
+def _variant(src, dst, *, rename=None, config=None):
+    shutil.copytree(src, dst)
+    if rename is not None:
+        tensors = load_file(str(dst / "model.safetensors"))
+        save_file({rename(k): v.contiguous() for k, v in tensors.items()}, str(dst / "model.safetensors"))
+    if config is not None:
+        path = dst / "config.json"
+        path.write_text(json.dumps(config(json.loads(path.read_text()))))
+    return dst
+
+
+def test_keys_with_model_prefix(tiny_embedding_dir, tmp_path, reference):
+    names = load_file(str(tiny_embedding_dir / "model.safetensors")).keys()
+    assert not any(k.startswith("model.") for k in names)  # the fixture stores bare keys
+    d = _variant(tiny_embedding_dir, tmp_path / "prefixed", rename=lambda k: "model." + k)
+    assert torch.equal(_embed(d), reference)
+
+
+def test_rope_parameters_layout_is_read(tiny_embedding_dir, tmp_path, reference):
+    def t5_layout(c, theta=None):
+        top = c.pop("rope_theta")
+        theta = top if theta is None else theta
+        c.pop("rope_scaling", None)
+        c["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+        return c
+
+    d = _variant(tiny_embedding_dir, tmp_path / "t5", config=t5_layout)
+    assert torch.equal(_embed(d), reference)
+    # The value has teeth: theta 10000 (the silent default) changes the embeddings.
+    d2 = _variant(tiny_embedding_dir, tmp_path / "t5-10k", config=lambda c: t5_layout(c, 1e4))
+    assert (_embed(d2) - reference).abs().max() > 1e-3
+
+
+def test_sharded_checkpoint(tmp_path, reference):
+    from models import fixtures
+
+    d = fixtures.build(tmp_path / "sharded", "tiny-embedding", shards=2,
+                       tokenizer_cache=tmp_path / "tok")
+    assert (d / "model.safetensors.index.json").is_file() and not (d / "model.safetensors").exists()
+    assert torch.equal(_embed(d), reference)
+
+
+def test_missing_keys_are_listed(tiny_embedding_dir, tmp_path):
+    d = _variant(tiny_embedding_dir, tmp_path / "broken",
+                 rename=lambda k: k.replace("layers.1.mlp.up_proj", "layers.1.mlp.upp"))
+    with pytest.raises(KeyError, match="layers.1.mlp.up_proj.weight"):
+        load_runner(str(d), device="cpu")
+
+
+def test_untied_reranker_loads_lm_head(tmp_path):
+    from models import fixtures
+
+    d = fixtures.build(tmp_path / "untied", "tiny-reranker-untied", tokenizer_cache=tmp_path / "tok")
+    runner = load_runner(str(d), device="cpu")
+    assert runner.kind == "reranker" and runner.model.head_weight() is runner.model.lm_head.weight
+    lm_head = load_file(str(d / "model.safetensors"))["lm_head.weight"]
+    assert torch.equal(runner.model.lm_head.weight, lm_head)
+
+
+def test_missing_directory_and_offline_hub_id(tmp_path, monkeypatch):
+    with pytest.raises(FileNotFoundError, match="does-not-exist"):
+        resolve_model_dir(str(tmp_path / "does-not-exist"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(FileNotFoundError, match="no-such-org/no-such-model"):
+        resolve_model_dir("no-such-org/no-such-model")
+
+
+def test_kind_pooling_prompts_detection(tiny_embedding_dir, tiny_reranker_dir):
+    emb = load_runner(str(tiny_embedding_dir), device="cpu")
+    st = json.loads((tiny_embedding_dir / "config_sentence_transformers.json").read_text())
+    assert emb.kind == "embedding" and emb.pooling == "last-token"
+    assert emb.prompts == st["prompts"] and emb.default_prompt_name == st["default_prompt_name"]
+    assert emb.dtype == torch.float32 and emb.attention_backend == "sdpa"
+    assert load_runner(str(tiny_embedding_dir), device="cpu", pooling="mean").pooling == "mean"
+    rr = load_runner(str(tiny_reranker_dir), device="cpu")
+    assert rr.kind == "reranker"
+    assert rr.tokenizer.decode([rr.yes_id]) == "yes" and rr.tokenizer.decode([rr.no_id]) == "no"
+    assert load_runner(str(tiny_reranker_dir), device="cpu", kind="embedding").kind == "embedding"
