@@ -1,0 +1,157 @@
+"""`radixserve-loadtest`: run | compare | dataset.
+
+  radixserve-loadtest run --url http://127.0.0.1:8080 --workload rerank --concurrency 8 --out out/
+  radixserve-loadtest compare --model-id DIR --workload embed-template \\
+      --server "off: --radix-mlp-threshold 0" --server "compact: --radix-mlp-threshold 1" --baseline
+  radixserve-loadtest dataset --source synthetic --out msmarco-like.jsonl
+
+Every report names its data source; synthetic data is labelled "synthetic" wherever it appears.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from loadtest import datasets, report, workloads
+from loadtest.client import RunConfig
+
+
+def _warn(msg: str) -> None:
+    print(f"warning: {msg}", file=sys.stderr)
+
+
+def _add_data_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("data")
+    g.add_argument("--source", choices=datasets.SOURCES, default="auto",
+                   help="auto: --dataset-path if given, else MS MARCO from the hub, else synthetic")
+    g.add_argument("--dataset-path", default=None, help="local MS MARCO .jsonl/.json/.parquet")
+    g.add_argument("--split", default="validation", help="MS MARCO split (hub source)")
+    g.add_argument("--queries", type=int, default=200, help="queries to read or generate")
+    g.add_argument("--seed", type=int, default=0, help="synthetic generator seed")
+
+
+def _add_load_args(p: argparse.ArgumentParser) -> None:
+    _add_data_args(p)
+    g = p.add_argument_group("load")
+    g.add_argument("--workload", choices=workloads.WORKLOADS, default="rerank")
+    g.add_argument("--batch-size", type=int, default=64, help="items per /v1/embeddings request")
+    g.add_argument("--instruction", default=workloads.DEFAULT_INSTRUCTION)
+    g.add_argument("--model", default=None, help="'model' field of /v1/embeddings bodies")
+    g.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    g.add_argument("--requests", type=int, default=None,
+                   help="requests to send (default: one pass over the data when --duration is unset)")
+    g.add_argument("--duration", type=float, default=None, help="stop sending after this many seconds")
+    g.add_argument("--warmup", type=int, default=2, help="unmeasured requests first")
+    g.add_argument("--timeout", type=float, default=120.0, help="per-request timeout (s)")
+    g.add_argument("--api-key", default=None)
+    g.add_argument("--no-progress", action="store_true")
+    g.add_argument("--out", default=None, help="directory for report.json, report.md and report.png")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser("radixserve-loadtest", description="Load tests for radixserve (MS MARCO replay).")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    r = sub.add_parser("run", help="load one running server")
+    r.add_argument("--url", required=True, help="explicit server URL, e.g. http://127.0.0.1:8080")
+    r.add_argument("--name", default=None, help="label in the report (default: the URL)")
+    _add_load_args(r)
+
+    c = sub.add_parser("compare", help="same workload against several targets, one after another")
+    c.add_argument("--target", action="append", default=[], metavar="NAME=URL", help="a running server")
+    c.add_argument("--server", action="append", default=[], metavar="'NAME: FLAGS'",
+                   help="start radixserve with FLAGS ('NAME:@baseline' starts the transformers peer)")
+    c.add_argument("--baseline", action="store_true", help="add the transformers peer as target 'baseline'")
+    c.add_argument("--model-id", default=None, help="checkpoint directory for started servers")
+    c.add_argument("--server-cmd", default=None, help="radixserve command (default: radixserve or python -m server.cli)")
+    c.add_argument("--startup-timeout", type=float, default=300.0)
+    _add_load_args(c)
+
+    d = sub.add_parser("dataset", help="write the chosen data set as MS MARCO-schema JSONL")
+    _add_data_args(d)
+    d.add_argument("--out", required=True, help="output .jsonl")
+    return p
+
+
+def _load(a) -> tuple[datasets.Dataset, list[workloads.Request]]:
+    ds = datasets.load(a.source, path=a.dataset_path, split=a.split, limit=a.queries, seed=a.seed, warn=_warn)
+    reqs = workloads.build_requests(ds, a.workload, batch_size=a.batch_size, instruction=a.instruction, model=a.model)
+    n_items = sum(r.items for r in reqs)
+    print(f"data: {ds.source}, {len(ds.samples)} queries, {len(reqs)} {a.workload} requests, {n_items} items",
+          file=sys.stderr)
+    return ds, reqs
+
+
+def _run_config(a, url: str) -> RunConfig:
+    return RunConfig(url=url, concurrency=a.concurrency, requests=a.requests, duration=a.duration,
+                     warmup=a.warmup, timeout=a.timeout, progress=not a.no_progress, api_key=a.api_key)
+
+
+def _meta(a, ds: datasets.Dataset, **extra) -> dict:
+    return {"workload": a.workload, "source": ds.source, "concurrency": a.concurrency,
+            "batch_size": a.batch_size if a.workload != "rerank" else None,
+            "requests": a.requests, "duration": a.duration, **extra}
+
+
+def _emit(summaries: list[dict], a, *, title: str) -> None:
+    print(report.markdown(summaries, title=title))
+    if a.out:
+        from loadtest import plot
+
+        paths = report.write(summaries, a.out, title=title)
+        png = plot.plot(summaries, Path(a.out) / "report.png", title=title)
+        print(f"wrote {paths['json']}, {paths['md']}, {png}", file=sys.stderr)
+
+
+def cmd_run(a) -> int:
+    from loadtest import client
+
+    ds, reqs = _load(a)
+    res = client.run(reqs, _run_config(a, a.url))
+    s = report.summarize(res, name=a.name or a.url, meta=_meta(a, ds, url=a.url))
+    _emit([s], a, title=f"radixserve load test: {a.workload}")
+    return 0 if res.ok else 1
+
+
+def cmd_compare(a) -> int:
+    from loadtest import compare
+
+    targets = [compare.parse_target(t) for t in a.target] + [compare.parse_server(s) for s in a.server]
+    if a.baseline:
+        targets.append(compare.Target(name="baseline", baseline=True))
+    if not targets:
+        raise SystemExit("compare: give at least one --target, --server or --baseline")
+    ds, reqs = _load(a)
+    log_dir = Path(a.out) if a.out else Path(".")
+    results = compare.run_targets(
+        targets, reqs, _run_config(a, "http://127.0.0.1"), model_id=a.model_id, server_cmd=a.server_cmd,
+        log_dir=log_dir, startup_timeout=a.startup_timeout,
+    )
+    summaries = [
+        report.summarize(res, name=t.name, meta=_meta(a, ds, target=t.url or " ".join(
+            (["@baseline"] if t.baseline else []) + list(t.flags))))
+        for t, res in results
+    ]
+    _emit(summaries, a, title=f"radixserve compare: {a.workload}")
+    return 0 if all(res.ok for _, res in results) else 1
+
+
+def cmd_dataset(a) -> int:
+    ds = datasets.load(a.source, path=a.dataset_path, split=a.split, limit=a.queries, seed=a.seed, warn=_warn)
+    path = datasets.write_jsonl(ds, a.out)
+    print(f"wrote {len(ds.samples)} queries from {ds.source} to {path}", file=sys.stderr)
+    return 0
+
+
+def main(argv=None) -> int:
+    a = build_parser().parse_args(argv)
+    try:
+        return {"run": cmd_run, "compare": cmd_compare, "dataset": cmd_dataset}[a.cmd](a)
+    except (datasets.DatasetError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

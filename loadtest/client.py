@@ -1,0 +1,181 @@
+"""Closed-loop async HTTP load generator: `concurrency` workers, each sends its next request as soon
+as the previous one answers, until `requests` are sent or `duration` seconds pass.
+
+Only successful answers (HTTP 200 with one result per input item) enter the latency sample;
+everything else is counted by status ("429", "500", "connection", "timeout", "bad-response").
+/metrics is scraped after the warm-up and after the run so the server-side deltas cover exactly the
+measured requests.
+"""
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import httpx
+
+from loadtest import scrape
+from loadtest.workloads import Request, expected_count
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    url: str
+    concurrency: int = 8
+    requests: int | None = None  # stop after this many (None: one pass when no duration either)
+    duration: float | None = None  # seconds
+    warmup: int = 2
+    timeout: float = 120.0
+    progress: bool = True
+    api_key: str | None = None
+
+
+@dataclass
+class RunResult:
+    latencies_s: list[float] = field(default_factory=list)  # successful requests, in completion order
+    completions_s: list[float] = field(default_factory=list)  # completion offsets from start, same order
+    errors: Counter = field(default_factory=Counter)  # status -> count
+    items_ok: int = 0
+    sent: int = 0
+    wall_s: float = 0.0
+    metrics: scrape.MetricsDelta = field(default_factory=lambda: scrape.delta(None, None))
+
+    @property
+    def ok(self) -> int:
+        return len(self.latencies_s)
+
+
+def check_url(url: str) -> str:
+    """An explicit http(s) URL with a host; returns it without a trailing slash."""
+    u = httpx.URL(url)
+    if u.scheme not in ("http", "https") or not u.host:
+        raise ValueError(f"need an explicit http(s)://host:port URL, got {url!r}")
+    return str(url).rstrip("/")
+
+
+def _answer_ok(resp: httpx.Response, req: Request) -> bool:
+    try:
+        data = resp.json()
+    except ValueError:
+        return False
+    if req.route == "/v1/embeddings":
+        data = data.get("data") if isinstance(data, dict) else None
+    return isinstance(data, list) and len(data) == expected_count(req.body)
+
+
+async def _scrape(client: httpx.AsyncClient, url: str) -> scrape.Snapshot | None:
+    try:
+        r = await client.get(url + "/metrics")
+        return scrape.parse(r.text) if r.status_code == 200 else None
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+class _Progress:
+    """tqdm when installed, else a single rewritten stderr line (at most every 0.5 s)."""
+
+    def __init__(self, enabled: bool, total: int | None):
+        self.bar, self.enabled, self.n, self.last = None, enabled, 0, 0.0
+        if enabled:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, unit="req", file=sys.stderr, leave=False)
+            except ImportError:
+                pass
+
+    def update(self, errors: int) -> None:
+        self.n += 1
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(errors=errors, refresh=False)
+        elif self.enabled and time.perf_counter() - self.last > 0.5:
+            self.last = time.perf_counter()
+            print(f"\r{self.n} requests, {errors} errors", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        elif self.enabled:
+            print(file=sys.stderr)
+
+
+async def run_async(requests: list[Request], cfg: RunConfig) -> RunResult:
+    if not requests:
+        raise ValueError("no requests to send")
+    if cfg.concurrency < 1:
+        raise ValueError("concurrency must be >= 1")
+    url = check_url(cfg.url)
+    limit = cfg.requests if cfg.requests is not None else (None if cfg.duration else len(requests))
+    headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    res = RunResult()
+    pool = httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency)
+    async with httpx.AsyncClient(timeout=cfg.timeout, limits=pool, headers=headers) as client:
+        for i in range(cfg.warmup):
+            req = requests[i % len(requests)]
+            try:
+                await client.post(url + req.route, json=req.body)
+            except httpx.HTTPError:
+                pass
+        before = await _scrape(client, url)
+        progress = _Progress(cfg.progress, limit)
+        start = time.perf_counter()
+        deadline = start + cfg.duration if cfg.duration else None
+        counter = iter(range(sys.maxsize))
+
+        async def worker() -> None:
+            while True:
+                i = next(counter)
+                if (limit is not None and i >= limit) or (deadline is not None and time.perf_counter() >= deadline):
+                    return
+                req = requests[i % len(requests)]
+                res.sent += 1
+                t0 = time.perf_counter()
+                try:
+                    resp = await client.post(url + req.route, json=req.body)
+                    status = "ok" if resp.status_code == 200 and _answer_ok(resp, req) else (
+                        str(resp.status_code) if resp.status_code != 200 else "bad-response"
+                    )
+                except httpx.TimeoutException:
+                    status = "timeout"
+                except httpx.TransportError:
+                    status = "connection"
+                t1 = time.perf_counter()
+                if status == "ok":
+                    res.latencies_s.append(t1 - t0)
+                    res.completions_s.append(t1 - start)
+                    res.items_ok += req.items
+                else:
+                    res.errors[status] += 1
+                progress.update(sum(res.errors.values()))
+
+        try:
+            await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
+        finally:
+            res.wall_s = time.perf_counter() - start
+            progress.close()
+        after = await _scrape(client, url)
+    res.metrics = scrape.delta(before, after)
+    return res
+
+
+def run(requests: list[Request], cfg: RunConfig) -> RunResult:
+    return asyncio.run(run_async(requests, cfg))
+
+
+def wait_healthy(url: str, *, timeout: float = 300.0, alive=None) -> None:
+    """Poll GET /health until 200. `alive()` returning False (a dead server process) aborts early."""
+    url = check_url(url)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if alive is not None and not alive():
+            raise RuntimeError(f"server for {url} exited before becoming healthy")
+        try:
+            if httpx.get(url + "/health", timeout=2.0).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise TimeoutError(f"{url}/health not ready after {timeout:.0f} s")

@@ -1,0 +1,149 @@
+"""Run one workload against several targets in turn and put them side by side.
+
+A target is a URL (`NAME=http://127.0.0.1:8080`) or a server this module starts itself:
+`NAME: FLAGS` starts `radixserve --model-id DIR --hostname 127.0.0.1 --port P FLAGS`, and
+`NAME:@baseline [FLAGS]` starts the transformers peer (`python -m loadtest.baseline`). Started
+servers get a free loopback port, must answer GET /health before the run, and are stopped (and
+only they) right after their own run, so targets never compete for the CPU/GPU.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from loadtest import client
+from loadtest.workloads import Request
+
+BASELINE = "@baseline"
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    url: str | None = None  # set for a running server
+    flags: tuple[str, ...] = ()  # for a server we start
+    baseline: bool = False
+
+    @property
+    def managed(self) -> bool:
+        return self.url is None
+
+
+def parse_target(spec: str) -> Target:
+    """`NAME=URL` (running server)."""
+    name, sep, url = spec.partition("=")
+    if not sep or not name.strip() or not url.strip():
+        raise ValueError(f"--target wants NAME=URL, got {spec!r}")
+    return Target(name=name.strip(), url=client.check_url(url.strip()))
+
+
+def parse_server(spec: str) -> Target:
+    """`NAME: FLAGS` (radixserve with FLAGS) or `NAME:@baseline [FLAGS]` (the peer baseline)."""
+    name, sep, rest = spec.partition(":")
+    if not sep or not name.strip():
+        raise ValueError(f"--server wants 'NAME: FLAGS' or 'NAME:@baseline', got {spec!r}")
+    flags = shlex.split(rest)
+    baseline = bool(flags) and flags[0] == BASELINE
+    if baseline:
+        flags = flags[1:]
+    for f in flags:
+        if f in ("--port", "--model-id", "--hostname") or f.startswith(("--port=", "--model-id=", "--hostname=")):
+            raise ValueError(f"--server flags must not set {f.split('=')[0]}: compare chooses it")
+    return Target(name=name.strip(), flags=tuple(flags), baseline=baseline)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_command(target: Target, *, model_id: str, port: int, server_cmd: str | None = None) -> list[str]:
+    """The argv that starts `target` on 127.0.0.1:port."""
+    if target.baseline:
+        base = [sys.executable, "-m", "loadtest.baseline"]
+    elif server_cmd:
+        base = shlex.split(server_cmd)
+    else:
+        exe = shutil.which("radixserve")
+        base = [exe] if exe else [sys.executable, "-m", "server.cli"]
+    return [*base, "--model-id", model_id, "--hostname", "127.0.0.1", "--port", str(port), *target.flags]
+
+
+class ManagedServer:
+    """A server subprocess for one target; a context manager that always stops it."""
+
+    def __init__(self, argv: list[str], *, port: int, log_path: Path, startup_timeout: float) -> None:
+        self.argv, self.port, self.log_path, self.startup_timeout = argv, port, log_path, startup_timeout
+        self.proc: subprocess.Popen | None = None
+        self.url = f"http://127.0.0.1:{port}"
+
+    def __enter__(self) -> "ManagedServer":
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = self.log_path.open("wb")
+        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=os.environ.copy())
+        try:
+            client.wait_healthy(self.url, timeout=self.startup_timeout, alive=lambda: self.proc.poll() is None)
+        except BaseException:
+            self.stop()
+            tail = self.log_path.read_text(errors="replace")[-2000:]
+            raise RuntimeError(f"server did not start: {shlex.join(self.argv)}\n--- log tail ---\n{tail}")
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        if getattr(self, "_log", None) is not None:
+            self._log.close()
+            self._log = None
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def run_targets(
+    targets: list[Target],
+    requests: list[Request],
+    cfg: client.RunConfig,
+    *,
+    model_id: str | None = None,
+    server_cmd: str | None = None,
+    log_dir: Path = Path("."),
+    startup_timeout: float = 300.0,
+    on_result=None,
+) -> list[tuple[Target, client.RunResult]]:
+    """Run `requests` against each target in turn with the same client settings."""
+    if not targets:
+        raise ValueError("compare needs at least one target")
+    if any(t.managed for t in targets) and not model_id:
+        raise ValueError("targets started by compare need --model-id")
+    names = [t.name for t in targets]
+    if len(set(names)) != len(names):
+        raise ValueError(f"target names must be unique: {names}")
+    out = []
+    for t in targets:
+        if t.managed:
+            port = free_port()
+            argv = server_command(t, model_id=model_id, port=port, server_cmd=server_cmd)
+            print(f"[{t.name}] starting: {shlex.join(argv)}", file=sys.stderr)
+            with ManagedServer(argv, port=port, log_path=log_dir / f"server-{t.name}.log",
+                               startup_timeout=startup_timeout) as srv:
+                res = client.run(requests, replace(cfg, url=srv.url))
+        else:
+            print(f"[{t.name}] {t.url}", file=sys.stderr)
+            res = client.run(requests, replace(cfg, url=t.url))
+        if on_result is not None:
+            on_result(t, res)
+        out.append((t, res))
+    return out

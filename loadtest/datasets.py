@@ -1,0 +1,203 @@
+"""Query/passage sets for load tests: MS MARCO (hub or local file) or a seeded synthetic twin.
+
+Every source yields the same shape, a `Dataset` of `Sample(query, passages)`, and a `source`
+label that travels into every report ("msmarco-hf:...", "file:...", or "synthetic") so a figure
+measured on generated text is never mistaken for one measured on MS MARCO.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+from loadtest.wordlist import QUERY_OPENERS, WORDS
+
+SOURCES = ("auto", "hf", "file", "synthetic")
+
+
+@dataclass(frozen=True)
+class Sample:
+    query: str
+    passages: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Dataset:
+    source: str  # label for reports: "msmarco-hf:v1.1/validation", "file:NAME", "synthetic(seed=S)"
+    samples: tuple[Sample, ...]
+
+    @property
+    def synthetic(self) -> bool:
+        return self.source.startswith("synthetic")
+
+
+class DatasetError(RuntimeError):
+    """A source the user asked for could not be read (message says why and what to do)."""
+
+
+# ---------------------------------------------------------------- MS MARCO schema
+
+
+def sample_from_record(rec: dict) -> Sample:
+    """One MS MARCO row -> Sample. `passages` is {passage_text: [...], ...} (HF) or a list of
+    {passage_text: str} dicts (the original JSON release); both are accepted."""
+    if "query" not in rec or "passages" not in rec:
+        raise DatasetError(f"record lacks 'query'/'passages' (MS MARCO schema): keys {sorted(rec)}")
+    p = rec["passages"]
+    if isinstance(p, dict):
+        texts = p.get("passage_text")
+    elif isinstance(p, list):
+        texts = [x["passage_text"] if isinstance(x, dict) else x for x in p]
+    else:
+        texts = None
+    if texts is None:
+        raise DatasetError("'passages' must hold 'passage_text' (list of str)")
+    return Sample(query=str(rec["query"]), passages=tuple(str(t) for t in texts))
+
+
+def _take(records, limit: int | None) -> tuple[Sample, ...]:
+    out = []
+    for rec in records:
+        s = sample_from_record(rec)
+        if s.passages:
+            out.append(s)
+        if limit is not None and len(out) >= limit:
+            break
+    return tuple(out)
+
+
+def load_file(path: str | Path, *, limit: int | None = None) -> Dataset:
+    """A local .jsonl / .json / .parquet file in the MS MARCO v1.1 schema."""
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetError(f"dataset file not found: {path}")
+    suffix = path.suffix.lower()
+    if suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as e:
+            raise DatasetError("reading parquet needs pyarrow (pip install pyarrow)") from e
+        records = pq.read_table(path).to_pylist()
+    elif suffix in (".jsonl", ".json"):
+        with path.open(encoding="utf-8") as f:
+            text = f.read()
+        if suffix == ".json" and text.lstrip().startswith("["):
+            records = json.loads(text)
+        else:
+            records = (json.loads(line) for line in text.splitlines() if line.strip())
+    else:
+        raise DatasetError(f"unknown dataset file type {suffix!r} (want .jsonl, .json or .parquet)")
+    samples = _take(records, limit)
+    if not samples:
+        raise DatasetError(f"no samples with passages in {path}")
+    return Dataset(source=f"file:{path.name}", samples=samples)
+
+
+def load_hf(*, split: str = "validation", limit: int | None = None) -> Dataset:
+    """MS MARCO v1.1 through the `datasets` library (imported lazily; needs the hub)."""
+    try:
+        import datasets as hf_datasets
+    except ImportError as e:
+        raise DatasetError("the 'datasets' package is not installed (pip install datasets)") from e
+    try:
+        ds = hf_datasets.load_dataset("microsoft/ms_marco", "v1.1", split=split, streaming=True)
+        samples = _take(iter(ds), limit)
+    except Exception as e:  # network, hub, auth: all mean "not available here"
+        raise DatasetError(f"could not load microsoft/ms_marco v1.1 ({split}): {type(e).__name__}: {e}") from e
+    return Dataset(source=f"msmarco-hf:v1.1/{split}", samples=samples)
+
+
+# ---------------------------------------------------------------- synthetic twin
+
+
+def _zipf_weights(n: int, s: float = 1.07) -> list[float]:
+    return [1.0 / (rank + 1) ** s for rank in range(n)]
+
+
+def synthetic(
+    n_queries: int = 200,
+    *,
+    seed: int = 0,
+    passages_per_query: tuple[int, int] = (8, 10),
+    query_words: tuple[int, int] = (2, 6),
+    passage_words: tuple[int, int] = (30, 80),
+) -> Dataset:
+    """MS MARCO-shaped text: short lowercase queries, 8-10 passages of tens of words each.
+
+    Words are drawn Zipf-like from `WORDS`; a passage reuses some of its query's content words so
+    the text looks retrieved. Deterministic in `seed` (its own `random.Random`)."""
+    rng = random.Random(seed)
+    weights = _zipf_weights(len(WORDS))
+    # Query topics skip the ~150 most frequent (mostly function) words.
+    content = WORDS[150:]
+    content_w = _zipf_weights(len(content), s=0.8)
+    samples = []
+    for _ in range(n_queries):
+        opener = rng.choice(QUERY_OPENERS)
+        topic = rng.choices(content, weights=content_w, k=rng.randint(*query_words))
+        query = " ".join([opener, *topic])
+        passages = []
+        for _ in range(rng.randint(*passages_per_query)):
+            n = rng.randint(*passage_words)
+            words = rng.choices(WORDS, weights=weights, k=n)
+            for t in topic:  # sprinkle the query's topic words in
+                if rng.random() < 0.7:
+                    words[rng.randrange(n)] = t
+            sentences, i = [], 0
+            while i < n:  # cut into sentences of 8-20 words
+                j = min(n, i + rng.randint(8, 20))
+                chunk = words[i:j]
+                sentences.append(chunk[0].capitalize() + " " + " ".join(chunk[1:]) + ".")
+                i = j
+            passages.append(" ".join(sentences).replace(" .", "."))
+        samples.append(Sample(query=query, passages=tuple(passages)))
+    return Dataset(source=f"synthetic(seed={seed})", samples=tuple(samples))
+
+
+def write_jsonl(ds: Dataset, path: str | Path) -> Path:
+    """Write in the HF MS MARCO schema (readable back by `load_file`)."""
+    path = Path(path)
+    with path.open("w", encoding="utf-8") as f:
+        for s in ds.samples:
+            rec = {
+                "query": s.query,
+                "passages": {
+                    "is_selected": [0] * len(s.passages),
+                    "passage_text": list(s.passages),
+                    "url": [""] * len(s.passages),
+                },
+            }
+            f.write(json.dumps(rec) + "\n")
+    return path
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def load(
+    source: str = "auto",
+    *,
+    path: str | None = None,
+    split: str = "validation",
+    limit: int | None = None,
+    seed: int = 0,
+    warn=None,
+) -> Dataset:
+    """Pick a source. `auto`: the file if given, else the hub, else synthetic (with a warning);
+    an explicit `hf` or `file` that fails raises DatasetError instead of falling back."""
+    if source not in SOURCES:
+        raise DatasetError(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")
+    if source == "file" or (source == "auto" and path):
+        if not path:
+            raise DatasetError("--source file needs --dataset-path")
+        return load_file(path, limit=limit)
+    if source == "hf":
+        return load_hf(split=split, limit=limit)
+    if source == "auto":
+        try:
+            return load_hf(split=split, limit=limit)
+        except DatasetError as e:
+            if warn is not None:
+                warn(f"MS MARCO unavailable ({e}); using the synthetic generator")
+    return synthetic(limit if limit is not None else 200, seed=seed)

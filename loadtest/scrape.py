@@ -1,0 +1,75 @@
+"""Read the server's RadixMLP counters from GET /metrics (Prometheus text) and diff two scrapes.
+
+te_radix_mlp_compression_ratio is a histogram of N'/N per batch, so delta(_sum)/delta(_count) is the
+mean per-batch ratio over the run; radixserve_tokens_total{kind} deltas give the token-weighted
+ratio compact/original and the tokens/s figure. Missing series stay None (e.g. the baseline).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+RATIO = "te_radix_mlp_compression_ratio"
+TOKENS = "radixserve_tokens_total"
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    ratio_sum: float | None = None
+    ratio_count: float | None = None
+    tokens_original: float | None = None
+    tokens_compact: float | None = None
+
+
+@dataclass(frozen=True)
+class MetricsDelta:
+    batches: float | None  # forwards that recorded a ratio during the run
+    mean_ratio: float | None  # mean of per-batch N'/N
+    tokens_original: float | None
+    tokens_compact: float | None
+
+    @property
+    def token_ratio(self) -> float | None:
+        """Token-weighted compact/original over the run."""
+        if not self.tokens_original or self.tokens_compact is None:
+            return None
+        return self.tokens_compact / self.tokens_original
+
+
+def parse(text: str) -> Snapshot:
+    """Snapshot of the series we use; labels other than `kind` are summed over."""
+    vals: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name in (RATIO + "_sum", RATIO + "_count"):
+                key = s.name
+            elif s.name == TOKENS and s.labels.get("kind") in ("original", "compact"):
+                key = f"{TOKENS}:{s.labels['kind']}"
+            else:
+                continue
+            vals[key] = vals.get(key, 0.0) + float(s.value)
+    return Snapshot(
+        ratio_sum=vals.get(RATIO + "_sum"),
+        ratio_count=vals.get(RATIO + "_count"),
+        tokens_original=vals.get(f"{TOKENS}:original"),
+        tokens_compact=vals.get(f"{TOKENS}:compact"),
+    )
+
+
+def _sub(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
+def delta(before: Snapshot | None, after: Snapshot | None) -> MetricsDelta:
+    if before is None or after is None:
+        return MetricsDelta(None, None, None, None)
+    n = _sub(after.ratio_count, before.ratio_count)
+    s = _sub(after.ratio_sum, before.ratio_sum)
+    mean = s / n if n and s is not None else None
+    return MetricsDelta(
+        batches=n,
+        mean_ratio=mean,
+        tokens_original=_sub(after.tokens_original, before.tokens_original),
+        tokens_compact=_sub(after.tokens_compact, before.tokens_compact),
+    )
