@@ -3,7 +3,8 @@
 Each batch is B sequences sharing one P-token prefix, each with its own S-token suffix (random
 ids). For each mode it prints N, N', the ratio, the median forward time (modes interleaved round by round), the speedup over `off`
 and the Amdahl prediction 1/((1-f) + f/r) with r = N/N' and f the position-wise share of the
-`off` forward's FLOPs (computed analytically). Figures only; nothing is asserted.
+`off` forward's FLOPs (computed analytically); `amdahl_t` uses f_t, the position-wise share of
+the `off` forward's measured time instead. Figures only; nothing is asserted.
 
     python -m loadtest.bench forward --preset qwen3-0.6b --layers 2 --dtype float32 \
         --batch 16 --prefix 128 512 --suffix 128
@@ -36,8 +37,10 @@ class Row:
     ratio: float  # N'/N
     median_ms: float
     speedup: float  # over off
-    amdahl: float  # predicted speedup for the paper's method
+    amdahl: float  # predicted speedup for the paper's method (f from FLOPs)
     pw_share: float  # f
+    amdahl_time: float  # the same prediction with f measured as a share of `off` time
+    pw_share_time: float
 
 
 def position_wise_share(cfg: ModelConfig, lens: list[int]) -> float:
@@ -47,6 +50,42 @@ def position_wise_share(cfg: ModelConfig, lens: list[int]) -> float:
     pw = 2 * (e * (h + 2 * hkv) * d + h * d * e + 3 * e * i) * sum(lens)
     attn = sum(2 * 2 * h * d * n * (n + 1) / 2 for n in lens)
     return pw / (pw + attn)
+
+
+def measured_pw_share(runner: Runner, fb_off, *, repeats: int) -> float:
+    """f measured: 1 - (time inside attention) / (time of the whole `off` forward).
+
+    NOTE: on CPU attention runs at a lower FLOP rate than the GEMMs, so the FLOP share
+    overstates the position-wise share of *time*; this is the share Amdahl's law really needs.
+    """
+    kernels = runner.model.layers[0].self_attn.kernels  # one Kernels object shared by all layers
+    inner, spent = kernels.attention, []
+    cuda = runner.device.type == "cuda"
+
+    def timed(*args, **kwargs):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        out = inner(*args, **kwargs)
+        if cuda:
+            torch.cuda.synchronize()
+        spent.append(time.perf_counter() - t0)
+        return out
+
+    shares = []
+    kernels.attention = timed
+    try:
+        with torch.inference_mode():
+            for _ in range(repeats):
+                spent.clear()
+                t0 = time.perf_counter()
+                runner.forward(fb_off)
+                if cuda:
+                    torch.cuda.synchronize()
+                shares.append(1.0 - sum(spent) / (time.perf_counter() - t0))
+    finally:
+        kernels.attention = inner
+    return statistics.median(shares)
 
 
 def synthetic_batch(batch: int, prefix: int, suffix: int, *, vocab: int, seed: int):
@@ -92,12 +131,15 @@ def bench(runner: Runner, *, batch: int, prefixes: list[int], suffix: int, warmu
                                              device=runner.device, mean_pooling=mean)
                    for mode in modes}
         ms = _time_interleaved(runner, batches, warmup=warmup, repeats=repeats)
+        f_t = measured_pw_share(runner, batches["off"], repeats=repeats) if "off" in batches else float("nan")
+        amdahl_t = 1.0 / ((1 - f_t) + f_t / r)
         base = ms.get("off")
         for mode, fb in batches.items():
             rows.append(Row(prefix=prefix, mode=mode, tokens=n, compact_tokens=fb.num_rows,
                             ratio=fb.num_rows / n, median_ms=ms[mode],
                             speedup=(base / ms[mode]) if base else float("nan"),
-                            amdahl=1.0 if mode == "off" else amdahl, pw_share=f))
+                            amdahl=1.0 if mode == "off" else amdahl, pw_share=f,
+                            amdahl_time=1.0 if mode == "off" else amdahl_t, pw_share_time=f_t))
     return rows
 
 
@@ -146,11 +188,13 @@ def main(argv=None) -> int:
           f"attention {runner.attention_backend}, {torch.get_num_threads()} threads, "
           f"B={args.batch} S={args.suffix}, median of {args.repeats}")
     print(f"{'P':>5} {'mode':>8} {'N':>7} {'N_':>7} {'ratio':>6} {'ms':>9} {'speedup':>8} "
-          f"{'amdahl':>7} {'of_amdahl':>9} {'f':>5}")
+          f"{'amdahl':>7} {'of_amdahl':>9} {'f':>5} {'amdahl_t':>8} {'of_t':>5} {'f_t':>5}")
     for r in rows:
         of = r.speedup / r.amdahl if r.mode != "off" else 1.0
+        of_t = r.speedup / r.amdahl_time if r.mode != "off" else 1.0
         print(f"{r.prefix:>5} {r.mode:>8} {r.tokens:>7} {r.compact_tokens:>7} {r.ratio:>6.3f} "
-              f"{r.median_ms:>9.1f} {r.speedup:>8.2f} {r.amdahl:>7.2f} {of:>9.0%} {r.pw_share:>5.3f}")
+              f"{r.median_ms:>9.1f} {r.speedup:>8.2f} {r.amdahl:>7.2f} {of:>9.0%} {r.pw_share:>5.3f} "
+              f"{r.amdahl_time:>8.2f} {of_t:>5.0%} {r.pw_share_time:>5.3f}")
     return 0
 
 

@@ -3,7 +3,9 @@
   radixserve-loadtest run --url http://127.0.0.1:8080 --workload rerank --concurrency 8 --out out/
   radixserve-loadtest compare --model-id DIR --workload embed-template \\
       --server "off: --radix-mlp-threshold 0" --server "compact: --radix-mlp-threshold 1" --baseline
-  radixserve-loadtest dataset --source synthetic --out msmarco-like.jsonl
+  radixserve-loadtest compare --model-id DIR --workload rerank --batch-size 4 --order interleave:8 \
+      --concurrency 8 --server "fifo: --batching-policy fifo" --server "prefix: --batching-policy prefix"
+  radixserve-loadtest dataset --source synthetic --query-words 80,160 --out long-queries.jsonl
 
 Every report names its data source; synthetic data is labelled "synthetic" wherever it appears.
 """
@@ -21,6 +23,35 @@ def _warn(msg: str) -> None:
     print(f"warning: {msg}", file=sys.stderr)
 
 
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"want an integer >= 1, got {text!r}")
+    return n
+
+
+def _word_range(text: str) -> tuple[int, int]:
+    """`MIN,MAX` (or a single N for MIN = MAX = N) with 1 <= MIN <= MAX."""
+    parts = text.split(",")
+    try:
+        lo, hi = (int(parts[0]), int(parts[-1])) if len(parts) in (1, 2) else (0, 0)
+    except ValueError:
+        lo, hi = 0, 0
+    if not 1 <= lo <= hi:
+        raise argparse.ArgumentTypeError(f"want MIN,MAX integers with 1 <= MIN <= MAX, got {text!r}")
+    return (lo, hi)
+
+
+def _order(text: str) -> workloads.Order:
+    try:
+        return workloads.parse_order(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
 def _add_data_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
     g.add_argument("--source", choices=datasets.SOURCES, default="auto",
@@ -28,14 +59,23 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dataset-path", default=None, help="local MS MARCO .jsonl/.json/.parquet")
     g.add_argument("--split", default="validation", help="MS MARCO split (hub source)")
     g.add_argument("--queries", type=int, default=200, help="queries to read or generate")
-    g.add_argument("--seed", type=int, default=0, help="synthetic generator seed")
+    g.add_argument("--seed", type=int, default=0, help="synthetic generator seed (and --order shuffled's)")
+    g.add_argument("--query-words", type=_word_range, default=datasets.QUERY_WORDS, metavar="MIN,MAX",
+                   help="synthetic: topic words per query after the opener (default {},{})".format(*datasets.QUERY_WORDS))
+    g.add_argument("--passage-words", type=_word_range, default=datasets.PASSAGE_WORDS, metavar="MIN,MAX",
+                   help="synthetic: words per passage (default {},{})".format(*datasets.PASSAGE_WORDS))
 
 
 def _add_load_args(p: argparse.ArgumentParser) -> None:
     _add_data_args(p)
     g = p.add_argument_group("load")
     g.add_argument("--workload", choices=workloads.WORKLOADS, default="rerank")
-    g.add_argument("--batch-size", type=int, default=64, help="items per /v1/embeddings request")
+    g.add_argument("--batch-size", type=_positive_int, default=None,
+                   help=f"items per request (default: {workloads.EMBED_BATCH_SIZE} for /v1/embeddings; "
+                        "rerank: all passages of a query in one request)")
+    g.add_argument("--order", type=_order, default=workloads.Order(), metavar="grouped|shuffled|interleave:K",
+                   help="request order: grouped (dataset order, default), shuffled (seeded by --seed), or "
+                        "interleave:K (K users, each one query at a time, merged round-robin)")
     g.add_argument("--instruction", default=workloads.DEFAULT_INSTRUCTION)
     g.add_argument("--model", default=None, help="'model' field of /v1/embeddings bodies")
     g.add_argument("--concurrency", type=int, default=8, help="requests in flight")
@@ -74,12 +114,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _dataset(a) -> datasets.Dataset:
+    ds = datasets.load(a.source, path=a.dataset_path, split=a.split, limit=a.queries, seed=a.seed,
+                       query_words=a.query_words, passage_words=a.passage_words, warn=_warn)
+    shaped = (a.query_words, a.passage_words) != (datasets.QUERY_WORDS, datasets.PASSAGE_WORDS)
+    if shaped and not ds.synthetic:
+        _warn(f"--query-words/--passage-words shape synthetic data only; ignored for {ds.source}")
+    return ds
+
+
 def _load(a) -> tuple[datasets.Dataset, list[workloads.Request]]:
-    ds = datasets.load(a.source, path=a.dataset_path, split=a.split, limit=a.queries, seed=a.seed, warn=_warn)
-    reqs = workloads.build_requests(ds, a.workload, batch_size=a.batch_size, instruction=a.instruction, model=a.model)
+    ds = _dataset(a)
+    reqs = workloads.build_requests(ds, a.workload, batch_size=a.batch_size, instruction=a.instruction,
+                                    model=a.model, order=a.order, seed=a.seed)
     n_items = sum(r.items for r in reqs)
-    print(f"data: {ds.source}, {len(ds.samples)} queries, {len(reqs)} {a.workload} requests, {n_items} items",
-          file=sys.stderr)
+    print(f"data: {ds.source}, {len(ds.samples)} queries, {len(reqs)} {a.workload} requests "
+          f"({_order_label(a)}), {n_items} items", file=sys.stderr)
     return ds, reqs
 
 
@@ -88,10 +138,17 @@ def _run_config(a, url: str) -> RunConfig:
                      warmup=a.warmup, timeout=a.timeout, progress=not a.no_progress, api_key=a.api_key)
 
 
+def _order_label(a) -> str:
+    """`grouped`, `shuffled(seed=S)` or `interleave:K` (what the report records)."""
+    return f"shuffled(seed={a.seed})" if a.order.mode == "shuffled" else str(a.order)
+
+
 def _meta(a, ds: datasets.Dataset, **extra) -> dict:
-    return {"workload": a.workload, "source": ds.source, "concurrency": a.concurrency,
-            "batch_size": a.batch_size if a.workload != "rerank" else None,
-            "requests": a.requests, "duration": a.duration, **extra}
+    """The workload section of a report. batch_size is the effective one: None for rerank's
+    default (all passages of a query per request)."""
+    batch = a.batch_size if a.workload == "rerank" else (a.batch_size or workloads.EMBED_BATCH_SIZE)
+    return {"workload": a.workload, "source": ds.source, "order": _order_label(a), "concurrency": a.concurrency,
+            "batch_size": batch, "requests": a.requests, "duration": a.duration, **extra}
 
 
 def _emit(summaries: list[dict], a, *, title: str) -> None:
@@ -138,7 +195,7 @@ def cmd_compare(a) -> int:
 
 
 def cmd_dataset(a) -> int:
-    ds = datasets.load(a.source, path=a.dataset_path, split=a.split, limit=a.queries, seed=a.seed, warn=_warn)
+    ds = _dataset(a)
     path = datasets.write_jsonl(ds, a.out)
     print(f"wrote {len(ds.samples)} queries from {ds.source} to {path}", file=sys.stderr)
     return 0

@@ -1,8 +1,10 @@
 """Query/passage sets for load tests: MS MARCO (hub or local file) or a seeded synthetic twin.
 
 Every source yields the same shape, a `Dataset` of `Sample(query, passages)`, and a `source`
-label that travels into every report ("msmarco-hf:...", "file:...", or "synthetic") so a figure
-measured on generated text is never mistaken for one measured on MS MARCO.
+label that travels into every report ("msmarco-hf:...", "file:...", or "synthetic(...)") so a figure
+measured on generated text is never mistaken for one measured on MS MARCO. A synthetic label names
+the seed and every generator shape that differs from the default, e.g.
+`synthetic(seed=0,query_words=80-160)`, so two runs on differently shaped data never look alike.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ class Sample:
 
 @dataclass(frozen=True)
 class Dataset:
-    source: str  # label for reports: "msmarco-hf:v1.1/validation", "file:NAME", "synthetic(seed=S)"
+    source: str  # label for reports: "msmarco-hf:v1.1/validation", "file:NAME", "synthetic(seed=S[,...])"
     samples: tuple[Sample, ...]
 
     @property
@@ -115,18 +117,52 @@ def _zipf_weights(n: int, s: float = 1.07) -> list[float]:
     return [1.0 / (rank + 1) ** s for rank in range(n)]
 
 
+# Generator shape defaults (MS MARCO-like); the label mentions any other value.
+PASSAGES_PER_QUERY = (8, 10)
+QUERY_WORDS = (2, 6)  # topic words after the opener ("what is", "how to", ...)
+PASSAGE_WORDS = (30, 80)
+
+
+def _check_range(name: str, r: tuple[int, int]) -> tuple[int, int]:
+    lo, hi = r
+    if not (isinstance(lo, int) and isinstance(hi, int) and 1 <= lo <= hi):
+        raise ValueError(f"{name} must be (MIN, MAX) integers with 1 <= MIN <= MAX, got {r!r}")
+    return (lo, hi)
+
+
+def synthetic_label(
+    seed: int,
+    *,
+    passages_per_query: tuple[int, int] = PASSAGES_PER_QUERY,
+    query_words: tuple[int, int] = QUERY_WORDS,
+    passage_words: tuple[int, int] = PASSAGE_WORDS,
+) -> str:
+    """`synthetic(seed=S)` plus `,NAME=MIN-MAX` for each non-default shape."""
+    parts = [f"seed={seed}"]
+    for name, value, default in (("passages_per_query", passages_per_query, PASSAGES_PER_QUERY),
+                                 ("query_words", query_words, QUERY_WORDS),
+                                 ("passage_words", passage_words, PASSAGE_WORDS)):
+        if tuple(value) != default:
+            parts.append(f"{name}={value[0]}-{value[1]}")
+    return f"synthetic({','.join(parts)})"
+
+
 def synthetic(
     n_queries: int = 200,
     *,
     seed: int = 0,
-    passages_per_query: tuple[int, int] = (8, 10),
-    query_words: tuple[int, int] = (2, 6),
-    passage_words: tuple[int, int] = (30, 80),
+    passages_per_query: tuple[int, int] = PASSAGES_PER_QUERY,
+    query_words: tuple[int, int] = QUERY_WORDS,
+    passage_words: tuple[int, int] = PASSAGE_WORDS,
 ) -> Dataset:
-    """MS MARCO-shaped text: short lowercase queries, 8-10 passages of tens of words each.
+    """MS MARCO-shaped text: short lowercase queries (an opener + `query_words` topic words),
+    `passages_per_query` passages of exactly `passage_words` words each (inclusive ranges).
 
     Words are drawn Zipf-like from `WORDS`; a passage reuses some of its query's content words so
     the text looks retrieved. Deterministic in `seed` (its own `random.Random`)."""
+    passages_per_query = _check_range("passages_per_query", passages_per_query)
+    query_words = _check_range("query_words", query_words)
+    passage_words = _check_range("passage_words", passage_words)
     rng = random.Random(seed)
     weights = _zipf_weights(len(WORDS))
     # Query topics skip the ~150 most frequent (mostly function) words.
@@ -152,7 +188,9 @@ def synthetic(
                 i = j
             passages.append(" ".join(sentences).replace(" .", "."))
         samples.append(Sample(query=query, passages=tuple(passages)))
-    return Dataset(source=f"synthetic(seed={seed})", samples=tuple(samples))
+    label = synthetic_label(seed, passages_per_query=passages_per_query, query_words=query_words,
+                            passage_words=passage_words)
+    return Dataset(source=label, samples=tuple(samples))
 
 
 def write_jsonl(ds: Dataset, path: str | Path) -> Path:
@@ -182,10 +220,13 @@ def load(
     split: str = "validation",
     limit: int | None = None,
     seed: int = 0,
+    query_words: tuple[int, int] = QUERY_WORDS,
+    passage_words: tuple[int, int] = PASSAGE_WORDS,
     warn=None,
 ) -> Dataset:
     """Pick a source. `auto`: the file if given, else the hub, else synthetic (with a warning);
-    an explicit `hf` or `file` that fails raises DatasetError instead of falling back."""
+    an explicit `hf` or `file` that fails raises DatasetError instead of falling back.
+    `seed`, `query_words` and `passage_words` shape the synthetic generator only."""
     if source not in SOURCES:
         raise DatasetError(f"unknown source {source!r}; choose one of {', '.join(SOURCES)}")
     if source == "file" or (source == "auto" and path):
@@ -200,4 +241,5 @@ def load(
         except DatasetError as e:
             if warn is not None:
                 warn(f"MS MARCO unavailable ({e}); using the synthetic generator")
-    return synthetic(limit if limit is not None else 200, seed=seed)
+    return synthetic(limit if limit is not None else 200, seed=seed, query_words=query_words,
+                     passage_words=passage_words)

@@ -1,21 +1,34 @@
-"""Turn a Dataset into the HTTP requests of one workload.
+"""Turn a Dataset into the HTTP requests of one workload, in one of three orders.
 
-- `rerank`: POST /rerank {query, texts}: one request per query with all of its passages.
+- `rerank`: POST /rerank {query, texts}: one request per query with all of its passages, or with
+  `batch_size` set, the query's passages split into requests of at most `batch_size` (in order).
 - `embed-template` (the paper's setup): each (query, passage) pair rendered with the Qwen3-Reranker
   template as plain text, sent to /v1/embeddings in requests of `batch_size` (64) items. Pairs of
   one query are adjacent, so a request shares system prompt + instruction + query across them.
 - `flipped`: the same template with query and passage swapped: only the system prompt and the
   instruction are shared, the worst case for prefix deduplication.
 - `embed`: the bare passages to /v1/embeddings.
-The request order is deterministic (dataset order); the client cycles through it.
+
+Orders (`Order`, parsed from `grouped | shuffled | interleave:K`):
+- `grouped` (default): dataset order; /v1/embeddings requests are cut from the flat stream of all
+  items, so one request may span two queries.
+- `shuffled`: the grouped request list under a seeded shuffle (`random.Random(seed)`).
+- `interleave:K`: K users; user u works through queries u, u+K, u+2K, ... one at a time, sending
+  that query's requests in order (cut per query: a request never mixes queries); the K streams are
+  merged round-robin (step t: user 0's t-th request, user 1's, ..., skipping exhausted users).
+Every order is deterministic and carries every item exactly once; the client cycles through it.
 """
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
+from typing import TypeVar
 
 from loadtest.datasets import Dataset
 
 WORKLOADS = ("rerank", "embed-template", "flipped", "embed")
+ORDERS = ("grouped", "shuffled", "interleave:K")
+EMBED_BATCH_SIZE = 64  # /v1/embeddings default items per request
 
 # Qwen3-Reranker template (DESIGN.md, "Qwen3 prompts"). A client-side copy on purpose: loadtest/
 # speaks HTTP only and must not import the server's packages.
@@ -40,42 +53,113 @@ def render_pair(query: str, document: str, *, instruction: str = DEFAULT_INSTRUC
     return f"{RERANK_PREFIX}<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {document}{RERANK_SUFFIX}"
 
 
-def _chunks(items: list[str], size: int) -> list[list[str]]:
+@dataclass(frozen=True)
+class Order:
+    mode: str = "grouped"  # "grouped" | "shuffled" | "interleave"
+    users: int = 0  # K, for "interleave" only
+
+    def __str__(self) -> str:
+        return f"interleave:{self.users}" if self.mode == "interleave" else self.mode
+
+
+def parse_order(spec: str) -> Order:
+    """`grouped`, `shuffled` or `interleave:K` (K >= 1) -> Order; ValueError otherwise."""
+    spec = spec.strip()
+    if spec in ("grouped", "shuffled"):
+        return Order(spec)
+    head, sep, k = spec.partition(":")
+    if head == "interleave" and sep and k.strip().isdigit() and int(k) >= 1:
+        return Order("interleave", int(k))
+    raise ValueError(f"order must be grouped, shuffled or interleave:K with K >= 1, got {spec!r}")
+
+
+T = TypeVar("T")
+
+
+def _chunks(items: list[T], size: int) -> list[list[T]]:
     return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+def interleave(groups: list[list[T]], users: int) -> list[T]:
+    """User u takes groups u, u+K, ... (K = users) and sends their elements in order; the K
+    streams are merged round-robin, an exhausted user dropping out."""
+    if users < 1:
+        raise ValueError("users must be >= 1")
+    streams = [[x for g in groups[u::users] for x in g] for u in range(users)]
+    out: list[T] = []
+    for step in range(max((len(st) for st in streams), default=0)):
+        out.extend(st[step] for st in streams if step < len(st))
+    return out
+
+
+def _texts(sample, workload: str, instruction: str) -> list[str]:
+    """The /v1/embeddings inputs one sample contributes, in passage order."""
+    if workload == "embed":
+        return list(sample.passages)
+    if workload == "embed-template":
+        return [render_pair(sample.query, p, instruction=instruction) for p in sample.passages]
+    # flipped: the passage sits where the query was and vice versa
+    return [render_pair(p, sample.query, instruction=instruction) for p in sample.passages]
+
+
+def _embeddings_request(chunk: list[str], model: str | None) -> Request:
+    body: dict = {"input": chunk}
+    if model:
+        body["model"] = model
+    return Request("/v1/embeddings", body, len(chunk))
+
+
+def query_requests(
+    dataset: Dataset,
+    workload: str,
+    *,
+    batch_size: int | None = None,
+    instruction: str = DEFAULT_INSTRUCTION,
+    model: str | None = None,
+) -> list[list[Request]]:
+    """Per sample (dataset order), its own requests in order; no request mixes two queries.
+    batch_size None: all passages of a query for rerank, EMBED_BATCH_SIZE for /v1/embeddings."""
+    out = []
+    for s in dataset.samples:
+        if workload == "rerank":
+            size = batch_size or max(1, len(s.passages))
+            out.append([Request("/rerank", {"query": s.query, "texts": c}, len(c))
+                        for c in _chunks(list(s.passages), size)])
+        else:
+            texts = _texts(s, workload, instruction)
+            out.append([_embeddings_request(c, model) for c in _chunks(texts, batch_size or EMBED_BATCH_SIZE)])
+    return out
 
 
 def build_requests(
     dataset: Dataset,
     workload: str,
     *,
-    batch_size: int = 64,
+    batch_size: int | None = None,
     instruction: str = DEFAULT_INSTRUCTION,
     model: str | None = None,
+    order: Order | str = "grouped",
+    seed: int = 0,
 ) -> list[Request]:
-    """All requests of one pass over the dataset for `workload`."""
+    """All requests of one pass over the dataset for `workload`, in `order` (module docstring).
+    batch_size None means the workload's default (see `query_requests`)."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
-    if batch_size < 1:
+    if batch_size is not None and batch_size < 1:
         raise ValueError("batch_size must be >= 1")
+    order = parse_order(order) if isinstance(order, str) else order
+    per_query = lambda: query_requests(dataset, workload, batch_size=batch_size,  # noqa: E731
+                                       instruction=instruction, model=model)
+    if order.mode == "interleave":
+        return interleave(per_query(), order.users)
     if workload == "rerank":
-        return [
-            Request("/rerank", {"query": s.query, "texts": list(s.passages)}, len(s.passages))
-            for s in dataset.samples
-            if s.passages
-        ]
-    if workload == "embed":
-        texts = [p for s in dataset.samples for p in s.passages]
-    elif workload == "embed-template":
-        texts = [render_pair(s.query, p, instruction=instruction) for s in dataset.samples for p in s.passages]
-    else:  # flipped: the passage sits where the query was and vice versa
-        texts = [render_pair(p, s.query, instruction=instruction) for s in dataset.samples for p in s.passages]
-    out = []
-    for chunk in _chunks(texts, batch_size):
-        body: dict = {"input": chunk}
-        if model:
-            body["model"] = model
-        out.append(Request("/v1/embeddings", body, len(chunk)))
-    return out
+        reqs = [r for group in per_query() for r in group]
+    else:  # grouped /v1/embeddings requests are cut from the flat item stream (may span queries)
+        texts = [t for s in dataset.samples for t in _texts(s, workload, instruction)]
+        reqs = [_embeddings_request(c, model) for c in _chunks(texts, batch_size or EMBED_BATCH_SIZE)]
+    if order.mode == "shuffled":
+        random.Random(seed).shuffle(reqs)
+    return reqs
 
 
 def expected_count(body: dict) -> int:
