@@ -116,6 +116,10 @@ class Pipeline:
         self._resolve, self._fail, self._on_death = resolve, fail, on_death
         self.trace: collections.deque[BatchTrace] = collections.deque(maxlen=trace_len)
         self._handoff: queue.Queue = queue.Queue(maxsize=1)
+        # One credit: the prep thread forms batch N+1 only once the worker has taken batch N.
+        # NOTE: without it, prep would form N+2 while N runs and block in put(), locking entries
+        # into a batch chosen from a shallow queue (worse prefix grouping, later cancellation).
+        self._slot = threading.Semaphore(1)
         self._dead = threading.Event()
         self._batch_ids = 0
         self._idle_s = 0.0
@@ -179,11 +183,15 @@ class Pipeline:
 
     def _prep_loop(self) -> None:
         while not self._dead.is_set():
+            if not self._slot.acquire(timeout=0.05):
+                continue
             entries = self.waiting.take(self._select, hold=self._hold)
             if not entries:
                 break  # closed and drained
             self._prep_busy = True
             prepared = self._prepare(entries)
+            if prepared is None:
+                self._slot.release()  # nothing handed over: the slot is still free
             handed = prepared is None or self._hand_over(prepared)
             self._prep_busy = False
             if not handed:
@@ -259,6 +267,7 @@ class Pipeline:
                 continue
             if item is _STOP:
                 return
+            self._slot.release()  # the prep thread may form the next batch while this one runs
             got = time.monotonic()
             # Idle: the part of this wait during which this batch's entries already existed.
             oldest = min(e.arrival for e in item.entries)

@@ -166,10 +166,10 @@ def test_cancelled_entries_are_dropped():
 
     async def go(sched):
         tasks = [asyncio.ensure_future(sched.submit(req_items(r, [3, 2]))) for r in range(6)]
-        # One batch running, one handed over, one prepared and waiting for the slot: rest queue.
-        await until(lambda: sched.queue_size == 3 * 2)
+        # One batch running, one handed over (prep stays one batch ahead): the rest queue.
+        await until(lambda: sched.queue_size == 4 * 2)
         tasks[4].cancel()
-        await until(lambda: sched.queue_size == 2 * 2)
+        await until(lambda: sched.queue_size == 3 * 2)
         runner.gate.set()
         done = await asyncio.gather(*tasks, return_exceptions=True)
         return done
@@ -190,13 +190,14 @@ def test_disconnect_callback_drops_queued_work():
         first = asyncio.ensure_future(sched.submit(req_items(0, [4])))
         await asyncio.to_thread(runner.running.wait, 5)
         blocked = [asyncio.ensure_future(sched.submit(req_items(r, [4]))) for r in (1, 2)]
-        await until(lambda: len(runner.prepared) == 3)
+        # Request 0 runs, request 1 is handed over, request 2 waits in the queue.
+        await until(lambda: len(runner.prepared) == 2 and sched.queue_size == 1)
         left = asyncio.ensure_future(sched.submit(req_items(3, [4]), is_disconnected=gone.is_set))
-        await until(lambda: sched.queue_size == 1)
+        await until(lambda: sched.queue_size == 2)
         gone.set()
         with pytest.raises(ClientDisconnected):
             await left
-        assert sched.queue_size == 0
+        assert sched.queue_size == 1
         runner.gate.set()
         return await asyncio.gather(first, *blocked)
 
@@ -314,7 +315,7 @@ def test_worker_death_marks_dead_and_fails_everyone():
         doomed = asyncio.ensure_future(sched.submit([[13, 13]]))
         queued = [asyncio.ensure_future(sched.submit(req_items(r, [3]))) for r in range(1, 4)]
         await asyncio.to_thread(runner.running.wait, 5)
-        await until(lambda: sched.queue_size == 1)
+        await until(lambda: sched.queue_size == 2)  # doomed runs, request 1 is handed over
         runner.gate.set()
         outcomes = await asyncio.gather(doomed, *queued, return_exceptions=True)
         await until(lambda: not sched.alive)
@@ -352,7 +353,7 @@ def test_stop_without_drain_fails_queued_work():
 
     async def go(sched):
         tasks = [asyncio.ensure_future(sched.submit(req_items(r, [2]))) for r in range(5)]
-        await until(lambda: sched.queue_size == 2)
+        await until(lambda: sched.queue_size == 3)  # one running, one handed over
         stopping = asyncio.ensure_future(asyncio.to_thread(sched.stop, drain=False, timeout=10))
         await until(lambda: sched.queue_size == 0)
         runner.gate.set()
@@ -360,7 +361,7 @@ def test_stop_without_drain_fails_queued_work():
         return await asyncio.gather(*tasks, return_exceptions=True)
 
     _, outcomes = run_async(runner, go, max_batch_requests=1)
-    assert [isinstance(o, WorkerDead) for o in outcomes] == [False, False, False, True, True]
+    assert [isinstance(o, WorkerDead) for o in outcomes] == [False, False, True, True, True]
 
 
 def test_max_wait_holds_batch_open_until_full():
