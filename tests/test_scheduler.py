@@ -388,18 +388,3 @@ def test_item_length_is_checked():
             await sched.submit([])
 
     run_async(FakeRunner(), go, max_batch_tokens=64)
-
-
-def test_real_radix_index_reaches_prepare():
-    radix = pytest.importorskip("scheduler.radix")
-    runner = FakeRunner()
-    items = [[5, 6, 7, 8, 9], [5, 6, 7, 1], [5, 6, 2, 3, 4, 4]]
-
-    async def go(sched):
-        return await sched.submit(items)
-
-    run_async(runner, go, radix_threshold=0.95)
-    (_, index), = runner.prepared
-    want = FakeIndex(np.array([t for s in items for t in s]), np.array([0, 5, 9, 15]))
-    assert index is not None and hasattr(radix, "build_index")
-    assert index.ratio == pytest.approx(want.ratio) and len(index.compact_ids) == len(want.compact_ids)

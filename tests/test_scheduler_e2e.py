@@ -12,7 +12,8 @@ import threading
 
 import numpy as np
 
-from tests.test_scheduler import FakeRunner, expected, run_async
+from scheduler import radix
+from tests.test_scheduler import FakeIndex, FakeRunner, expected, run_async
 
 
 class GatedPrepRunner(FakeRunner):
@@ -83,3 +84,17 @@ def test_scheduled_results_match_direct_runner(tiny_embedding_dir):
             cu = np.array([0, len(item)], np.int32)
             direct = runner.run(runner.prepare(np.array(item, np.int32), cu)).numpy()[0]
             np.testing.assert_allclose(out, direct, atol=1e-4, rtol=0)
+
+
+def test_real_radix_index_reaches_prepare():
+    runner = FakeRunner()
+    items = [[5, 6, 7, 8, 9], [5, 6, 7, 1], [5, 6, 2, 3, 4, 4]]
+
+    async def go(sched):
+        return await sched.submit(items)
+
+    run_async(runner, go, radix_threshold=0.95)
+    (_, index), = runner.prepared
+    want = FakeIndex(np.array([t for s in items for t in s]), np.array([0, 5, 9, 15]))
+    assert isinstance(index, radix.RadixIndex)  # the real builder, not a stand-in
+    assert abs(index.ratio - want.ratio) < 1e-12 and len(index.compact_ids) == len(want.compact_ids)

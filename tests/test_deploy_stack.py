@@ -1,0 +1,219 @@
+"""Shipping files, part 2: docker-compose, Prometheus, Grafana and the Kubernetes manifests.
+
+Checks the compose services/ports/volumes the docs name, and that the dashboard only queries
+series that scheduler.metrics.Metrics really exports. External validators (`docker compose
+config`, `promtool`) run when they are installed and skip otherwise.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+yaml = pytest.importorskip("yaml")
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+
+
+# --- docker compose ----------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def compose():
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def test_compose_services_ports_volumes(compose):
+    services = compose["services"]
+    assert set(services) == {"radixserve", "radixserve-cpu", "prometheus", "grafana"}
+    gpu, cpu = services["radixserve"], services["radixserve-cpu"]
+    assert gpu["build"]["target"] == "gpu" and cpu["build"]["target"] == "cpu"
+    assert "profiles" not in gpu and cpu["profiles"] == ["cpu"]
+    devices = gpu["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["driver"] == "nvidia" and "gpu" in devices[0]["capabilities"]
+    assert "deploy" not in cpu
+    assert gpu["ports"] == ["8080:8080"] and cpu["ports"] == ["8081:8080"]
+    assert services["prometheus"]["ports"] == ["9090:9090"] and services["grafana"]["ports"] == ["3000:3000"]
+    for svc in (gpu, cpu):
+        assert "hf-cache:/data" in svc["volumes"]
+        assert svc["environment"]["HF_HOME"] == "/data"
+    assert set(compose["volumes"]) == {"hf-cache", "prometheus-data", "grafana-data"}
+    for svc in services.values():
+        for volume in svc.get("volumes", []):
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert (ROOT / source).exists(), source
+
+
+def test_compose_env_names_are_server_flags(compose):
+    """Every radixserve variable the compose file sets is a flag's env twin (or HF's own)."""
+    from dataclasses import fields
+
+    from server.config import ServerConfig, env_var
+
+    flags = {env_var(f.name) for f in fields(ServerConfig)}
+    env = compose["services"]["radixserve"]["environment"]
+    assert set(env) - flags <= {"HF_HOME", "HF_TOKEN"}
+
+
+def _docker_compose_cli() -> list[str] | None:
+    """The Compose v2 plugin (v1 `docker-compose` predates the top-level `name:` key)."""
+    if shutil.which("docker"):
+        probe = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    return None
+
+
+def test_docker_compose_config_accepts_file():
+    cli = _docker_compose_cli()
+    if cli is None:
+        pytest.skip("no docker compose CLI")
+    proc = subprocess.run(
+        [*cli, "-f", str(ROOT / "docker-compose.yml"), "--profile", "cpu", "config", "--quiet"],
+        capture_output=True, text=True, cwd=ROOT, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+# --- Prometheus and Grafana --------------------------------------------------------------------
+
+def test_prometheus_scrapes_radixserve():
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    job = next(j for j in config["scrape_configs"] if j["job_name"] == "radixserve")
+    assert job["metrics_path"] == "/metrics"
+    targets = {t for sc in job["static_configs"] for t in sc["targets"]}
+    assert targets == {"radixserve:8080", "radixserve-cpu:8080"}
+
+
+def test_promtool_check_config():
+    if shutil.which("promtool") is None:
+        pytest.skip("promtool not installed")
+    proc = subprocess.run(
+        ["promtool", "check", "config", str(DEPLOY / "prometheus" / "prometheus.yml")],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def exported_series() -> set[str]:
+    """Sample names a scrape of scheduler.metrics.Metrics can contain (suffixes included)."""
+    from scheduler.metrics import Metrics
+
+    suffixes = {"counter": ("_total", "_created"), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count", "_created")}
+    return {fam.name + s for fam in Metrics().registry.collect() for s in suffixes[fam.type]}
+
+
+_PROMQL_WORDS = {"by", "without", "on", "ignoring", "group_left", "group_right", "bool", "and", "or", "unless", "offset"}
+
+
+def metric_names(expr: str) -> set[str]:
+    """Series names in a PromQL expression: identifiers that are not functions, keywords or labels."""
+    expr = re.sub(r'"(?:[^"\\]|\\.)*"', '""', expr)
+    expr = re.sub(r"\{[^}]*\}", "", expr)  # label matchers
+    expr = re.sub(r"\[[^\]]*\]", "", expr)  # range selectors
+    expr = re.sub(r"\b(?:by|without|on|ignoring)\s*\([^)]*\)", "", expr)  # grouping labels
+    names = set()
+    for match in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", expr):
+        rest = expr[match.end():].lstrip()
+        if rest.startswith("(") or match.group() in _PROMQL_WORDS:
+            continue
+        names.add(match.group())
+    return names
+
+
+def test_metric_names_parser():
+    expr = 'histogram_quantile(0.9, sum by (le) (rate(a_bucket{k="x"}[5m]))) / sum(b_total) - c'
+    assert metric_names(expr) == {"a_bucket", "b_total", "c"}
+
+
+@pytest.fixture(scope="module")
+def dashboard():
+    return json.loads((DEPLOY / "grafana" / "dashboards" / "radixserve.json").read_text())
+
+
+def test_dashboard_queries_only_exported_metrics(dashboard):
+    exported = exported_series()
+    used = set()
+    for panel in dashboard["panels"]:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            names = metric_names(target["expr"])
+            assert names, target["expr"]
+            assert names <= exported, (panel["title"], names - exported)
+            used |= names
+    must = {
+        "te_radix_mlp_compression_ratio_bucket", "te_radix_mlp_compression_ratio_sum",
+        "te_radix_mlp_compression_ratio_count", "radixserve_tokens_total", "te_request_success_total",
+        "te_request_duration_bucket", "te_queue_size", "radixserve_worker_idle_ratio",
+    }
+    assert must <= used, must - used
+
+
+def test_dashboard_wiring(dashboard):
+    datasources = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "datasources" / "prometheus.yml").read_text())
+    uid = datasources["datasources"][0]["uid"]
+    assert datasources["datasources"][0]["url"] == "http://prometheus:9090"
+    ids = [p["id"] for p in dashboard["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in dashboard["panels"]:
+        assert panel["datasource"]["uid"] == uid
+        assert all(t["datasource"]["uid"] == uid for t in panel["targets"])
+    providers = yaml.safe_load((DEPLOY / "grafana" / "provisioning" / "dashboards" / "radixserve.yml").read_text())
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    mounts = dict(v.split(":")[:2] for v in compose["services"]["grafana"]["volumes"] if v.startswith("./"))
+    assert mounts["./deploy/grafana/dashboards"] == providers["providers"][0]["options"]["path"]
+    ratio_exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"] if "compression_ratio" in t["expr"]]
+    assert any("histogram_quantile" in e for e in ratio_exprs)
+    assert any("_sum" in e and "_count" in e and "/" in e for e in ratio_exprs)
+
+
+# --- Kubernetes --------------------------------------------------------------------------------
+
+def _docs(name: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all((DEPLOY / "kubernetes" / name).read_text()) if d]
+
+
+def test_kubernetes_replicas():
+    docs = {d["kind"]: d for d in _docs("radixserve.yaml")}
+    assert set(docs) == {"Deployment", "Service"}
+    assert docs["Service"]["spec"]["clusterIP"] == "None"
+    container = docs["Deployment"]["spec"]["template"]["spec"]["containers"][0]
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/health"
+    assert docs["Deployment"]["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_kubernetes_routers_hash_on_prefix_key():
+    headless = _docs("radixserve.yaml")[1]["metadata"]["name"]
+    envoy = {d["kind"]: d for d in _docs("router-envoy.yaml")}
+    assert set(envoy) == {"ConfigMap", "Deployment", "Service"}
+    config = yaml.safe_load(envoy["ConfigMap"]["data"]["envoy.yaml"])
+    cluster = config["static_resources"]["clusters"][0]
+    assert cluster["lb_policy"] in ("RING_HASH", "MAGLEV")
+    assert cluster["common_lb_config"]["consistent_hashing_lb_config"]["hash_balance_factor"] >= 100
+    address = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+    assert address["socket_address"]["address"].split(".")[0] == headless
+    route = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+    policy = route["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["hash_policy"]
+    assert policy == [{"header": {"header_name": "x-prefix-key"}}]
+    nginx = {d["kind"]: d for d in _docs("router-nginx.yaml")}
+    assert set(nginx) == {"ConfigMap", "Deployment", "Service"}
+    conf = nginx["ConfigMap"]["data"]["default.conf"]
+    assert re.search(r"hash \$prefix_key consistent;", conf)
+    assert "$http_x_prefix_key" in conf and f"{headless}." in conf
+
+
+def test_operations_doc_names_what_compose_ships(compose):
+    doc = (ROOT / "docs" / "operations.md").read_text()
+    for service in compose["services"]:
+        assert service in doc, service
+    for port in ("8080", "8081", "9090", "3000"):
+        assert port in doc, port
+    for path in ("deploy/kubernetes/router-envoy.yaml", "deploy/kubernetes/router-nginx.yaml", "X-Prefix-Key"):
+        assert path in doc, path
