@@ -22,6 +22,7 @@ import numpy as np
 
 from .forming import Entry, PrefixPolicy, form_batch
 from .metrics import Metrics
+from .radix import positions_from_cu_seqlens
 from .waiting import WaitQueue
 
 log = logging.getLogger(__name__)
@@ -80,13 +81,6 @@ def pack(entries: Sequence[Entry]) -> tuple[np.ndarray, np.ndarray]:
     return input_ids, cu_seqlens
 
 
-def positions_of(cu_seqlens: np.ndarray) -> np.ndarray:
-    """0..len-1 within each sequence, int32 [N]."""
-    lengths = np.diff(cu_seqlens)
-    starts = np.repeat(cu_seqlens[:-1], lengths)
-    return (np.arange(int(cu_seqlens[-1]), dtype=np.int64) - starts).astype(np.int32)
-
-
 def use_index(threshold: float, ratio: float) -> bool:
     """DESIGN.md gate: 0 never (not even built), >= 1 always, else iff ratio < threshold."""
     return threshold >= 1.0 or (threshold > 0.0 and ratio < threshold)
@@ -125,6 +119,9 @@ class Pipeline:
         self._idle_s = 0.0
         self._worker_t0 = 0.0
         self._prep_busy = False  # entries taken off the queue but not yet handed over
+        if config.policy == "prefix":
+            # NOTE: form_batch imports it lazily; import it here, not under the queue's lock.
+            from . import prefix_forming  # noqa: F401
         self._prep = threading.Thread(target=self._guard, args=(self._prep_loop,), name="rs-prep", daemon=True)
         self._worker = threading.Thread(target=self._guard, args=(self._worker_loop,), name="rs-worker", daemon=True)
 
@@ -215,7 +212,7 @@ class Pipeline:
             n = int(cu_seqlens[-1])
             index, ratio = None, 1.0
             if self.config.radix_threshold > 0.0:
-                built = self._build_index(input_ids, positions_of(cu_seqlens), cu_seqlens)
+                built = self._build_index(input_ids, positions_from_cu_seqlens(cu_seqlens), cu_seqlens)
                 ratio = float(built.ratio)
                 if use_index(self.config.radix_threshold, ratio):
                     index = built

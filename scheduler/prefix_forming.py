@@ -20,6 +20,7 @@ entry's tokens are converted once.
 from __future__ import annotations
 
 import heapq
+import itertools
 import time
 from operator import attrgetter
 from typing import Sequence
@@ -139,23 +140,33 @@ def _requests(waiting: Sequence[Entry]) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.add.reduceat(lens, starts[:-1])
 
 
-def _make_key(entry: Entry, depth: int) -> tuple[bytes, int]:
-    """(big-endian bytes of token+1 zero-padded to depth tokens, key length); cached on the entry."""
-    ids = entry.input_ids[:depth]
-    arr = np.zeros(depth, dtype=">u4")
+def _keys(heads: list[Entry], depth: int) -> list[tuple[bytes, int]]:
+    """(big-endian bytes of token+1 zero-padded to depth tokens, key length) per request.
+
+    Cached on the entries; the missing ones are built in one numpy pass (this runs while the
+    waiting queue's lock is held, so the event loop's pushes wait for it).
+    """
+    width = 4 * depth  # a cached key built for another depth has another width
+    keys = list(map(_KEY, heads))
+    stale = [i for i, k in enumerate(keys) if k is None or len(k[0]) != width]
+    if not stale:
+        return keys
+    lens = np.fromiter((min(len(heads[i].input_ids), depth) for i in stale), dtype=np.int64, count=len(stale))
+    flat = np.fromiter(
+        itertools.chain.from_iterable(heads[i].input_ids[:depth] for i in stale), dtype=np.int64, count=int(lens.sum())
+    )
+    grid = np.zeros((len(stale), depth), dtype=">u4")  # [S, depth]
     # NOTE: +1 so the zero padding sorts a proper prefix before its extensions.
-    arr[: len(ids)] = np.asarray(ids, dtype=np.int64) + 1
-    entry.prefix_key = (arr.tobytes(), len(ids))
-    return entry.prefix_key
+    grid[np.arange(depth) < lens[:, None]] = flat + 1
+    blob = grid.tobytes()
+    for j, (i, n) in enumerate(zip(stale, lens.tolist())):
+        keys[i] = heads[i].prefix_key = (blob[j * width : (j + 1) * width], n)
+    return keys
 
 
 def _sorted_keys(heads: list[Entry], depth: int) -> tuple[np.ndarray, np.ndarray]:
     """Requests in lexicographic order of their keys (stable) and adjacent LCPs [R-1]."""
-    width = 4 * depth  # a cached key built for another depth has another width
-    keys = [
-        k if k is not None and len(k[0]) == width else _make_key(e, depth)
-        for e, k in zip(heads, map(_KEY, heads))
-    ]
+    keys = _keys(heads, depth)
     blobs = [k[0] for k in keys]
     order = np.asarray(sorted(range(len(keys)), key=blobs.__getitem__), dtype=np.int64)
     grid = np.frombuffer(b"".join([blobs[i] for i in order.tolist()]), dtype=np.uint32)

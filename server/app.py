@@ -130,7 +130,7 @@ def create_app(config: ServerConfig, runner=None, scheduler=None) -> FastAPI:
         on_error("client_gone")
         return Response(status_code=499)  # nobody reads it: the connection is closed
 
-    info = routes_misc.build_info(service, config=config, max_input_length=max_len)
+    info = app.state.info = routes_misc.build_info(service, config=config, max_input_length=max_len)
     app.include_router(routes_embed.build_router(service, model_name=config.model_name))
     app.include_router(routes_rerank.build_router(service, model_name=config.model_name))
     app.include_router(routes_misc.build_router(service, info=info))

@@ -77,6 +77,7 @@ class Info(BaseModel):
     max_client_batch_size: int
     radix_mlp_threshold: float
     radix_attention: str
+    batching_policy: str
     version: str
 
 

@@ -275,3 +275,28 @@ def test_shared_prefix_tokens_matches_build_index(seqs):
     batch = [Entry(0, s, 0.0) for s in seqs]
     n_compact, n = compact_and_total(batch)
     assert shared_prefix_tokens(seqs) == n - n_compact
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seqs=st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=9), min_size=1, max_size=12),
+    depth=st.integers(1, 6),
+)
+def test_prefix_keys_sort_and_lcp_match_python(seqs, depth):
+    """The batched key builder orders requests like Python's tuple order of their first ``depth``
+    tokens (a proper prefix first) and reports the true adjacent LCPs, also with cached keys of
+    another depth present."""
+    from scheduler.prefix_forming import _sorted_keys
+
+    heads = [Entry(r, list(s), 0.0) for r, s in enumerate(seqs)]
+    _sorted_keys(heads[::2], depth + 1)  # stale cached keys on some entries
+    order, lcp = _sorted_keys(heads, depth)
+    cut = [tuple(s[:depth]) for s in seqs]
+    assert [cut[i] for i in order.tolist()] == sorted(cut)
+    assert order.tolist() == sorted(range(len(seqs)), key=lambda i: cut[i])  # stable
+    sorted_cut = sorted(cut)
+    expected = [
+        next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        for a, b in zip(sorted_cut, sorted_cut[1:])
+    ]
+    assert lcp.tolist() == expected

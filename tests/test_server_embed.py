@@ -150,6 +150,10 @@ def test_info_health_docs(srv):
     assert info["model_type"] == {"embedding": {"pooling": "last-token"}}
     assert info["radix_mlp_threshold"] == 1.0 and info["radix_attention"] == "compact"
     assert info["max_input_length"] == min(32768, info["max_batch_tokens"])
+    # Every field the app builds reaches the client (the response model must not filter any out).
+    app = srv.server.config.app
+    assert info["batching_policy"] == app.state.config.batching_policy
+    assert set(info) == set(app.state.info)
     assert httpx.get(srv.url + "/health").status_code == 200
     assert httpx.get(srv.url + "/docs").status_code == 200
     assert "/v1/embeddings" in httpx.get(srv.url + "/openapi.json").json()["paths"]

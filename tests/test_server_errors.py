@@ -76,6 +76,7 @@ JSON_CASES = [
     ("/v1/embeddings", {"input": [1, -1]}, 422),
     ("/v1/embeddings", {"input": [151669]}, 422),
     ("/v1/embeddings", {"input": [[1, 2], [10**12]]}, 422),
+    ("/v1/embeddings", {"input": [3, 10**6, 4]}, 422),  # out of range in the middle
     ("/v1/embeddings", {"input": [1.5, 2]}, 422),
     ("/v1/embeddings", {"input": ["a", 1]}, 422),
     ("/v1/embeddings", {"input": "x", "encoding_format": "int8"}, 422),
