@@ -44,6 +44,12 @@ class Metrics:
         self.forward_duration = Histogram(
             "radixserve_forward_duration", "Model forward time per batch (s)", buckets=_LATENCY, registry=r
         )
+        self.batching_policy = Gauge(
+            "radixserve_batching_policy",
+            "1 for the batch-formation policy in use (fifo or prefix), to split dashboards by policy",
+            ["policy"],
+            registry=r,
+        )
         self.worker_idle_ratio = Gauge(
             "radixserve_worker_idle_ratio",
             "Share of wall time the model worker waited for a batch while the queue was not empty",

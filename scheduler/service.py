@@ -100,6 +100,8 @@ class Scheduler:
         self._started = False
         self._request_ids = itertools.count()
         on_size = metrics.queue_size.set if metrics is not None else None
+        if metrics is not None:
+            metrics.batching_policy.labels(policy=policy).set(1)
         self._waiting = WaitQueue(is_live=lambda e: not e.payload.cancelled, on_size=on_size)
         config = PipelineConfig(
             max_batch_tokens=max_batch_tokens,

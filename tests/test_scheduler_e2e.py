@@ -98,3 +98,20 @@ def test_real_radix_index_reaches_prepare():
     want = FakeIndex(np.array([t for s in items for t in s]), np.array([0, 5, 9, 15]))
     assert isinstance(index, radix.RadixIndex)  # the real builder, not a stand-in
     assert abs(index.ratio - want.ratio) < 1e-12 and len(index.compact_ids) == len(want.compact_ids)
+
+
+def test_policy_gauge_names_the_policy_in_use():
+    from prometheus_client import generate_latest
+
+    from scheduler.metrics import Metrics
+
+    for policy in ("fifo", "prefix"):
+        metrics = Metrics()
+
+        async def go(sched):
+            return await sched.submit([[1, 2, 3]])
+
+        run_async(FakeRunner(), go, metrics=metrics, policy=policy)
+        text = generate_latest(metrics.registry).decode()
+        lines = [ln for ln in text.splitlines() if ln.startswith("radixserve_batching_policy{")]
+        assert lines == [f'radixserve_batching_policy{{policy="{policy}"}} 1.0'], lines
