@@ -122,9 +122,15 @@ def row_width(src: torch.Tensor) -> int | None:
 
 def supported(src: torch.Tensor, index: torch.Tensor) -> bool:
     """Host-side metadata checks (no sync): may the kernel take this gather?"""
+    return src.is_cuda and index.device == src.device and layout_supported(src, index)
+
+
+def layout_supported(src: torch.Tensor, index: torch.Tensor) -> bool:
+    """The device-independent part of ``supported``: the kernel's own TORCH_CHECKs, mirrored so
+    that what it would reject takes index_select instead of raising."""
     if src.dim() < 1 or src.dtype not in DTYPES or index.dtype not in INDEX_DTYPES:
         return False
-    if not src.is_cuda or index.device != src.device or index.dim() != 1:
+    if index.dim() != 1 or not index.is_contiguous():
         return False
     width = row_width(src)
     return width is not None and (src.size(0) <= 1 or src.stride(0) >= width)

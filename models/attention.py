@@ -10,6 +10,7 @@ build time shows it implements exactly that alignment; otherwise the portable pa
 from __future__ import annotations
 
 import inspect
+import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -26,6 +27,9 @@ class AttnMeta:
     max_seqlen_k: int
     host_cu_seqlens_q: tuple[int, ...]  # the same boundaries on the host, for the portable path
     host_cu_seqlens_k: tuple[int, ...]
+    # Maximal runs of equal-shape sequences (q0, k0, count, lq, lk), computed once per batch
+    # for the portable path (not once per layer).
+    runs: tuple[tuple[int, int, int, int, int], ...]  # (q0, k0, count, lq, lk)
 
 
 AttnFn = Callable[..., Tensor]
@@ -45,7 +49,10 @@ def bottom_right_mask(lq: int, lk: int, device: torch.device) -> Tensor:
     return torch.ones(lq, lk, dtype=torch.bool, device=device).tril(diagonal=lk - lq)
 
 
-def _runs(cu_q: tuple[int, ...], cu_k: tuple[int, ...]) -> list[tuple[int, int, int, int, int]]:
+Run = tuple[int, int, int, int, int]  # (q0, k0, count, lq, lk)
+
+
+def _runs(cu_q: tuple[int, ...], cu_k: tuple[int, ...]) -> tuple[Run, ...]:
     """Maximal runs of consecutive sequences with equal (lq, lk): (q0, k0, count, lq, lk)."""
     runs: list[list[int]] = []
     for s in range(len(cu_q) - 1):
@@ -54,7 +61,7 @@ def _runs(cu_q: tuple[int, ...], cu_k: tuple[int, ...]) -> list[tuple[int, int, 
             runs[-1][2] += 1
         else:
             runs.append([cu_q[s], cu_k[s], 1, lq, lk])
-    return [tuple(r) for r in runs]  # type: ignore[misc]
+    return tuple(tuple(r) for r in runs)  # type: ignore[misc]
 
 
 def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float) -> Tensor:
@@ -67,7 +74,7 @@ def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float
     heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
     group = heads // kv_heads
     outs = []
-    for q0, k0, count, lq, lk in _runs(meta.host_cu_seqlens_q, meta.host_cu_seqlens_k):
+    for q0, k0, count, lq, lk in meta.runs:
         if lq == 0:
             continue
         qs = q[q0:q0 + count * lq].view(count, lq, heads, dim).transpose(1, 2)  # [g, H, lq, D]
@@ -83,6 +90,8 @@ def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float
             mask = bottom_right_mask(lq, lk, q.device)
             o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
         outs.append(o.transpose(1, 2).reshape(count * lq, heads, dim))  # [g*lq, H, D]
+    if not outs:  # an empty batch
+        return q.new_empty((0, heads, dim))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
 
@@ -115,29 +124,43 @@ def _torch_varlen_fn() -> AttnFn | None:
     else:
         return None
     native_gqa = "enable_gqa" in params
+    takes_scale = "scale" in params  # NOTE: not every release has it; its default is D**-0.5
 
     def torch_varlen(q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float) -> Tensor:
+        kw = dict(extra)
         if native_gqa:
-            kw = dict(extra, enable_gqa=k.shape[1] != q.shape[1])
+            kw["enable_gqa"] = k.shape[1] != q.shape[1]
         else:
             group = q.shape[1] // k.shape[1]
-            k, v, kw = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), extra
+            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        if takes_scale:
+            kw["scale"] = scale
+        elif not math.isclose(scale, q.shape[-1] ** -0.5, rel_tol=1e-6):
+            raise ValueError(f"this torch's varlen_attn has no scale argument (got {scale})")
         return varlen_attn(q, k, v, meta.cu_seqlens_q, meta.cu_seqlens_k,
-                           meta.max_seqlen_q, meta.max_seqlen_k, scale=scale, **kw)
+                           meta.max_seqlen_q, meta.max_seqlen_k, **kw)
 
     return torch_varlen
 
 
-def make_meta(cu_q: list[int] | tuple[int, ...], cu_k: list[int] | tuple[int, ...],
-              device: torch.device) -> AttnMeta:
-    """AttnMeta from host boundaries (tests, probes; the forward batch builds its own)."""
-    lq = [b - a for a, b in zip(cu_q[:-1], cu_q[1:])]
-    lk = [b - a for a, b in zip(cu_k[:-1], cu_k[1:])]
+def to_device(t: Tensor, device: torch.device) -> Tensor:
+    """A host tensor on `device`: on CUDA through pinned memory, without blocking the host."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
+def make_meta(cu_q, cu_k, device: torch.device | str) -> AttnMeta:
+    """AttnMeta from host boundaries (lists, tuples or numpy arrays): host only, no sync."""
+    device = torch.device(device)
+    host_q, host_k = tuple(int(x) for x in cu_q), tuple(int(x) for x in cu_k)
+    lq = [b - a for a, b in zip(host_q[:-1], host_q[1:])]
+    lk = [b - a for a, b in zip(host_k[:-1], host_k[1:])]
     return AttnMeta(
-        cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32, device=device),
-        cu_seqlens_k=torch.tensor(cu_k, dtype=torch.int32, device=device),
+        cu_seqlens_q=to_device(torch.tensor(host_q, dtype=torch.int32), device),
+        cu_seqlens_k=to_device(torch.tensor(host_k, dtype=torch.int32), device),
         max_seqlen_q=max(lq, default=0), max_seqlen_k=max(lk, default=0),
-        host_cu_seqlens_q=tuple(int(x) for x in cu_q), host_cu_seqlens_k=tuple(int(x) for x in cu_k),
+        host_cu_seqlens_q=host_q, host_cu_seqlens_k=host_k, runs=_runs(host_q, host_k),
     )
 
 

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from models.attention import AttnMeta
+from models.attention import AttnMeta, make_meta, to_device
 
 MODES = ("off", "paper", "compact")
 
@@ -44,15 +44,24 @@ def _positions(cu: np.ndarray) -> np.ndarray:
     return (np.arange(int(cu[-1]), dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lens))
 
 
-def _mean_weights(rows: np.ndarray, lens: np.ndarray, num_rows: int) -> torch.Tensor:
-    """Sparse [B, T]: 1/len_b at (b, row) for every original token of sequence b."""
+def _mean_weights(rows: np.ndarray, lens: np.ndarray, num_rows: int,
+                  device: torch.device) -> torch.Tensor:
+    """Sparse [B, T] on `device`: 1/len_b at (b, row) for every original token of sequence b.
+
+    Built coalesced on the host (sorted by (b, row)) and moved as two dense tensors, so a CUDA
+    batch needs no blocking copy and no device-side coalesce.
+    """
     seg = np.repeat(np.arange(len(lens), dtype=np.int64), lens)  # [N]
-    vals = np.repeat(1.0 / np.maximum(lens, 1), lens)  # [N]
-    idx = torch.from_numpy(np.stack([seg, rows.astype(np.int64)]))
-    # NOTE: a sequence never holds one compact row twice (positions differ), so no duplicates;
-    # coalesce() only sorts (the index builder does not promise ascending rows per sequence).
-    return torch.sparse_coo_tensor(idx, torch.from_numpy(vals).float(), (len(lens), num_rows),
-                                   check_invariants=False).coalesce()
+    vals = np.repeat(1.0 / np.maximum(lens, 1), lens).astype(np.float32)  # [N]
+    # NOTE: a sequence never holds one compact row twice (positions differ), so there are no
+    # duplicates; sorting is all coalescing needs (the index builder does not promise ascending
+    # rows per sequence).
+    order = np.lexsort((rows, seg))
+    idx = torch.from_numpy(np.stack([seg[order], rows.astype(np.int64)[order]]))  # [2, N]
+    return torch.sparse_coo_tensor(to_device(idx, device),
+                                   to_device(torch.from_numpy(vals[order]), device),
+                                   (len(lens), num_rows), check_invariants=False,
+                                   is_coalesced=True)
 
 
 def build_forward_batch(input_ids, cu_seqlens, index=None, *, mode: str = "compact",
@@ -98,26 +107,13 @@ def build_forward_batch(input_ids, cu_seqlens, index=None, *, mode: str = "compa
     last = rows_of[cu[1:] - 1] if b else np.zeros(0, np.int64)
     first = rows_of[cu[:-1]] if b else np.zeros(0, np.int64)
 
-    cuda = device.type == "cuda"
-
-    def dev(a: np.ndarray | torch.Tensor | None, dtype=torch.int64):
+    def dev(a: np.ndarray | None, dtype=torch.int64):
         if a is None:
             return None
-        t = a if isinstance(a, torch.Tensor) else torch.from_numpy(np.ascontiguousarray(a)).to(dtype)
-        if cuda:
-            return t.pin_memory().to(device, non_blocking=True)
-        return t
+        return to_device(torch.from_numpy(np.ascontiguousarray(a)).to(dtype), device)
 
-    lq, lk = np.diff(cu_q), np.diff(cu_k)
-    attn = AttnMeta(
-        cu_seqlens_q=dev(cu_q, torch.int32), cu_seqlens_k=dev(cu_k, torch.int32),
-        max_seqlen_q=int(lq.max(initial=0)), max_seqlen_k=int(lk.max(initial=0)),
-        host_cu_seqlens_q=tuple(int(x) for x in cu_q), host_cu_seqlens_k=tuple(int(x) for x in cu_k),
-    )
-    weights = None
-    if mean_pooling:
-        weights = _mean_weights(rows_of, lens, len(row_ids))
-        weights = weights.to(device) if cuda else weights
+    attn = make_meta(cu_q, cu_k, device)
+    weights = _mean_weights(rows_of, lens, len(row_ids), device) if mean_pooling else None
     return ForwardBatch(
         mode=mode, input_ids=dev(row_ids), positions=dev(positions), attn=attn, num_seqs=b,
         num_tokens=n, seq_lens=tuple(int(x) for x in lens), last_rows=dev(last),

@@ -95,7 +95,7 @@ class ModelConfig:
             qk_norm=model_type == "qwen3",
             qkv_bias=model_type == "qwen2" or biased,
             o_bias=biased,
-            mlp_bias=bool(d.get("mlp_bias", False)),
+            mlp_bias=model_type == "llama" and bool(d.get("mlp_bias", False)),  # Llama only
             sliding_window=_sliding_window(d, model_type),
         )
 

@@ -36,9 +36,13 @@ def rerank_logits(model: Qwen3Model, hidden: Tensor, batch: ForwardBatch, *,
                   yes_id: int, no_id: int) -> Tensor:
     """[B] raw scores logit("yes") - logit("no") at each sequence's last token."""
     h = model.norm(hidden.index_select(0, batch.last_rows))  # [B, E]
-    ids = torch.tensor([yes_id, no_id], device=h.device)
-    rows = model.head_weight().index_select(0, ids)  # [2, E]: never the full vocabulary
-    logits = h @ rows.t()  # [B, 2]
+    w = model.head_weight()
+    # NOTE: row views by Python int: no index tensor built from host data (a blocking copy on
+    # CUDA) inside the forward. Never the full vocabulary.
+    rows = torch.stack((w[yes_id], w[no_id]))  # [2, E]
+    # NOTE: fp32 from here: bf16 logits near 10 are 1/16 apart, and their difference (the score)
+    # would be quantised as coarsely, tying documents that differ.
+    logits = h.float() @ rows.float().t()  # [B, 2]
     return logits[:, 0] - logits[:, 1]
 
 

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+import models.attention as attention
 from models.attention import bottom_right_mask, make_meta, sdpa_varlen, select_backend
 
 
@@ -73,3 +74,50 @@ def test_cuda_backend_matches_portable_path(dtype):
     got = backend(q, k, v, meta, scale=0.125).float()
     want = naive(q.float(), k.float(), v.float(), cu_q, cu_k=cu_k, scale=0.125)
     assert (got.double() - want).abs().max().item() < 2e-2
+
+
+@pytest.mark.parametrize("flavour", ["is_causal-no-scale", "window-scale-gqa"])
+def test_torch_varlen_wrapper_follows_the_signature(monkeypatch, flavour):
+    """The wrapper passes only the keywords this torch's varlen_attn takes (2.11 vs later)."""
+    import sys
+    import types
+
+    seen = {}
+
+    def fake(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **kw):
+        seen.update(kw)
+        meta = make_meta(cu_seq_q.tolist(), cu_seq_k.tolist(), query.device)
+        if key.shape[1] != query.shape[1]:
+            assert kw.get("enable_gqa")
+        return sdpa_varlen(query, key, value, meta, scale=kw.get("scale", query.shape[-1] ** -0.5))
+
+    if flavour == "is_causal-no-scale":
+        def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, is_causal=False,
+                        return_aux=None):
+            assert is_causal
+            return fake(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k)
+    else:
+        def varlen_attn(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, *, return_aux=None,
+                        scale=None, window_size=(-1, -1), enable_gqa=False):
+            assert window_size == (-1, 0)
+            kw = {"enable_gqa": enable_gqa} | ({"scale": scale} if scale is not None else {})
+            return fake(query, key, value, cu_seq_q, cu_seq_k, max_q, max_k, **kw)
+
+    monkeypatch.setitem(sys.modules, "torch.nn.attention.varlen",
+                        types.SimpleNamespace(varlen_attn=varlen_attn))
+    fn = attention._torch_varlen_fn()
+    assert fn is not None
+    gen = torch.Generator().manual_seed(2)
+    cu_q, cu_k = [0, 2, 5], [0, 4, 7]
+    q = torch.randn(5, 4, 16, generator=gen)
+    k, v = torch.randn(7, 2, 16, generator=gen), torch.randn(7, 2, 16, generator=gen)
+    meta = make_meta(cu_q, cu_k, q.device)
+    got = fn(q, k, v, meta, scale=0.25)  # the default scale for D = 16
+    want = naive(q, k, v, cu_q, cu_k=cu_k, scale=0.25)
+    assert (got.double() - want).abs().max().item() < 1e-5
+    if flavour == "is_causal-no-scale":
+        assert "scale" not in seen
+        with pytest.raises(ValueError, match="scale"):
+            fn(q, k, v, meta, scale=0.1)  # a non-default scale cannot be honoured silently
+    else:
+        assert seen["scale"] == 0.25

@@ -56,3 +56,16 @@ def test_rope_scaling_linear_and_llama3_and_rejection():
         cfg(model_type="qwen3", rope_scaling={"rope_type": "yarn", "factor": 4.0})
     with pytest.raises(ValueError, match="model_type"):
         cfg(model_type="gpt2")
+
+
+def test_mlp_bias_only_where_transformers_builds_it():
+    """Only Llama's MLP honours mlp_bias; the other families' classes ignore the key."""
+    import transformers
+
+    for model_type, cls in (("llama", "LlamaMLP"), ("qwen3", "Qwen3MLP"), ("qwen2", "Qwen2MLP"),
+                            ("mistral", "MistralMLP")):
+        ours = cfg(model_type=model_type, mlp_bias=True)
+        hf_cfg = transformers.AutoConfig.for_model(model_type, **BASE, mlp_bias=True)
+        module = getattr(transformers.models, model_type)
+        mlp = getattr(getattr(module, f"modeling_{model_type}"), cls)(hf_cfg)
+        assert ours.mlp_bias == (mlp.gate_proj.bias is not None), model_type
