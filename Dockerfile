@@ -107,8 +107,9 @@ ENTRYPOINT ["radixserve"]
 # Stage 3 (default target `gpu`): CUDA runtime base, the venv and the prebuilt kernels.
 FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu${UBUNTU_VERSION} AS gpu
 
-# NOTE: TORCH_CUDA_ARCH_LIST and CUDA_HOME stay identical to the build stage: the extension
-# loader compares build flags and must find nothing to rebuild.
+# NOTE: the gather kernel is imported straight from the prebuilt .so when its sha256 stamp matches
+# the installed kernels/gather.cu (kernels/build.py, load_prebuilt); this stage has no nvcc, so a
+# mismatch means the pure-torch fallback. TORCH_CUDA_ARCH_LIST and CUDA_HOME mirror the build stage.
 ENV DEBIAN_FRONTEND=noninteractive \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:${PATH} \

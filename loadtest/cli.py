@@ -12,7 +12,9 @@ Every report names its data source; synthetic data is labelled "synthetic" where
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+import threading
 from pathlib import Path
 
 from loadtest import datasets, report, workloads
@@ -31,6 +33,26 @@ def _positive_int(text: str) -> int:
     if n < 1:
         raise argparse.ArgumentTypeError(f"want an integer >= 1, got {text!r}")
     return n
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"want an integer >= 0, got {text!r}")
+    return n
+
+
+def _positive_float(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = 0.0
+    if not 0.0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"want a number > 0, got {text!r}")
+    return x
 
 
 def _word_range(text: str) -> tuple[int, int]:
@@ -58,7 +80,7 @@ def _add_data_args(p: argparse.ArgumentParser) -> None:
                    help="auto: --dataset-path if given, else MS MARCO from the hub, else synthetic")
     g.add_argument("--dataset-path", default=None, help="local MS MARCO .jsonl/.json/.parquet")
     g.add_argument("--split", default="validation", help="MS MARCO split (hub source)")
-    g.add_argument("--queries", type=int, default=200, help="queries to read or generate")
+    g.add_argument("--queries", type=_positive_int, default=200, help="queries to read or generate")
     g.add_argument("--seed", type=int, default=0, help="synthetic generator seed (and --order shuffled's)")
     g.add_argument("--query-words", type=_word_range, default=datasets.QUERY_WORDS, metavar="MIN,MAX",
                    help="synthetic: topic words per query after the opener (default {},{})".format(*datasets.QUERY_WORDS))
@@ -78,12 +100,12 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
                         "interleave:K (K users, each one query at a time, merged round-robin)")
     g.add_argument("--instruction", default=workloads.DEFAULT_INSTRUCTION)
     g.add_argument("--model", default=None, help="'model' field of /v1/embeddings bodies")
-    g.add_argument("--concurrency", type=int, default=8, help="requests in flight")
-    g.add_argument("--requests", type=int, default=None,
+    g.add_argument("--concurrency", type=_positive_int, default=8, help="requests in flight")
+    g.add_argument("--requests", type=_positive_int, default=None,
                    help="requests to send (default: one pass over the data when --duration is unset)")
-    g.add_argument("--duration", type=float, default=None, help="stop sending after this many seconds")
-    g.add_argument("--warmup", type=int, default=2, help="unmeasured requests first")
-    g.add_argument("--timeout", type=float, default=120.0, help="per-request timeout (s)")
+    g.add_argument("--duration", type=_positive_float, default=None, help="stop sending after this many seconds")
+    g.add_argument("--warmup", type=_non_negative_int, default=2, help="unmeasured requests first")
+    g.add_argument("--timeout", type=_positive_float, default=120.0, help="per-request timeout (s)")
     g.add_argument("--api-key", default=None)
     g.add_argument("--no-progress", action="store_true")
     g.add_argument("--out", default=None, help="directory for report.json, report.md and report.png")
@@ -105,7 +127,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--baseline", action="store_true", help="add the transformers peer as target 'baseline'")
     c.add_argument("--model-id", default=None, help="checkpoint directory for started servers")
     c.add_argument("--server-cmd", default=None, help="radixserve command (default: radixserve or python -m server.cli)")
-    c.add_argument("--startup-timeout", type=float, default=300.0)
+    c.add_argument("--startup-timeout", type=_positive_float, default=300.0, help="seconds to wait for /health")
     _add_load_args(c)
 
     d = sub.add_parser("dataset", help="write the chosen data set as MS MARCO-schema JSONL")
@@ -201,13 +223,23 @@ def cmd_dataset(a) -> int:
     return 0
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
+    # SIGTERM unwinds like Ctrl-C, so servers started by `compare` are stopped on the way out.
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main else None
     try:
         return {"run": cmd_run, "compare": cmd_compare, "dataset": cmd_dataset}[a.cmd](a)
     except (datasets.DatasetError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

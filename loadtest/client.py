@@ -142,6 +142,8 @@ async def run_async(requests: list[Request], cfg: RunConfig) -> RunResult:
                     status = "timeout"
                 except httpx.TransportError:
                     status = "connection"
+                except httpx.HTTPError:  # e.g. an undecodable body: counted, never ends the run
+                    status = "bad-response"
                 t1 = time.perf_counter()
                 if status == "ok":
                     res.latencies_s.append(t1 - t0)

@@ -9,6 +9,7 @@ only they) right after their own run, so targets never compete for the CPU/GPU.
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -58,6 +59,11 @@ def parse_server(spec: str) -> Target:
     return Target(name=name.strip(), flags=tuple(flags), baseline=baseline)
 
 
+def log_name(name: str) -> str:
+    """`server-NAME.log` with NAME reduced to [A-Za-z0-9._-] (never a path outside the log dir)."""
+    return "server-" + re.sub(r"[^A-Za-z0-9._-]", "_", name).lstrip(".") + ".log"
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -87,26 +93,36 @@ class ManagedServer:
     def __enter__(self) -> "ManagedServer":
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=os.environ.copy())
         try:
+            self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT, env=os.environ.copy())
             client.wait_healthy(self.url, timeout=self.startup_timeout, alive=lambda: self.proc.poll() is None)
-        except BaseException:
+        except Exception as e:
             self.stop()
             tail = self.log_path.read_text(errors="replace")[-2000:]
-            raise RuntimeError(f"server did not start: {shlex.join(self.argv)}\n--- log tail ---\n{tail}")
+            raise RuntimeError(
+                f"server did not start: {shlex.join(self.argv)}\n--- log tail ---\n{tail}") from e
+        except BaseException:  # Ctrl-C, SystemExit (SIGTERM): stop the server, keep the exception
+            self.stop()
+            raise
         return self
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-        if getattr(self, "_log", None) is not None:
-            self._log.close()
-            self._log = None
+        """SIGTERM, up to 20 s for a graceful exit, then SIGKILL (also if the wait is interrupted)."""
+        proc = self.proc
+        try:
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+            if getattr(self, "_log", None) is not None:
+                self._log.close()
+                self._log = None
 
     def __exit__(self, *exc) -> None:
         self.stop()
@@ -137,7 +153,7 @@ def run_targets(
             port = free_port()
             argv = server_command(t, model_id=model_id, port=port, server_cmd=server_cmd)
             print(f"[{t.name}] starting: {shlex.join(argv)}", file=sys.stderr)
-            with ManagedServer(argv, port=port, log_path=log_dir / f"server-{t.name}.log",
+            with ManagedServer(argv, port=port, log_path=log_dir / log_name(t.name),
                                startup_timeout=startup_timeout) as srv:
                 res = client.run(requests, replace(cfg, url=srv.url))
         else:

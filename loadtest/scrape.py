@@ -3,6 +3,9 @@
 te_radix_mlp_compression_ratio is a histogram of N'/N per batch, so delta(_sum)/delta(_count) is the
 mean per-batch ratio over the run; radixserve_tokens_total{kind} deltas give the token-weighted
 ratio compact/original and the tokens/s figure. Missing series stay None (e.g. the baseline).
+Counters only grow within one server process: a counter that went down between the scrapes, or a
+changed `te_radix_mlp_compression_ratio_created` (the histogram is made at process start), means
+the server restarted, and the deltas are None (unknown), never a negative or partial figure.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ class Snapshot:
     ratio_count: float | None = None
     tokens_original: float | None = None
     tokens_compact: float | None = None
+    ratio_created: float | None = None  # when the (unlabelled) histogram was made: the process start
 
 
 @dataclass(frozen=True)
@@ -42,7 +46,7 @@ def parse(text: str) -> Snapshot:
     vals: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            if s.name in (RATIO + "_sum", RATIO + "_count"):
+            if s.name in (RATIO + "_sum", RATIO + "_count", RATIO + "_created"):
                 key = s.name
             elif s.name == TOKENS and s.labels.get("kind") in ("original", "compact"):
                 key = f"{TOKENS}:{s.labels['kind']}"
@@ -54,22 +58,31 @@ def parse(text: str) -> Snapshot:
         ratio_count=vals.get(RATIO + "_count"),
         tokens_original=vals.get(f"{TOKENS}:original"),
         tokens_compact=vals.get(f"{TOKENS}:compact"),
+        ratio_created=vals.get(RATIO + "_created"),
     )
 
 
 def _sub(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None else a - b
+    """Counter delta; None when either side is missing or the counter went down (a reset)."""
+    return None if a is None or b is None or a < b else a - b
 
 
 def delta(before: Snapshot | None, after: Snapshot | None) -> MetricsDelta:
     if before is None or after is None:
         return MetricsDelta(None, None, None, None)
+    if before.ratio_created != after.ratio_created:  # another server process answered: unknown
+        return MetricsDelta(None, None, None, None)
     n = _sub(after.ratio_count, before.ratio_count)
     s = _sub(after.ratio_sum, before.ratio_sum)
     mean = s / n if n and s is not None else None
+    # A labelled counter appears on its first increment: absent before (same process) means 0.
+    same_process = before.ratio_created is not None
+    zero = 0.0 if same_process else None
+    orig_before = before.tokens_original if before.tokens_original is not None else zero
+    comp_before = before.tokens_compact if before.tokens_compact is not None else zero
     return MetricsDelta(
         batches=n,
         mean_ratio=mean,
-        tokens_original=_sub(after.tokens_original, before.tokens_original),
-        tokens_compact=_sub(after.tokens_compact, before.tokens_compact),
+        tokens_original=_sub(after.tokens_original, orig_before),
+        tokens_compact=_sub(after.tokens_compact, comp_before),
     )

@@ -1,0 +1,64 @@
+"""The commands and metric names in README.md and docs/*.md stay true: every `radixserve-loadtest`
+and `radixserve` command line parses with today's flags (including the radixserve flags inside
+each `--server "NAME: FLAGS"`), and every metric name the docs mention is a registered series."""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from loadtest import cli, compare
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+
+
+def _command_lines() -> list[tuple[str, str]]:
+    """(file, command) for every radixserve / radixserve-loadtest command in a bash block."""
+    out = []
+    for path in DOCS:
+        for block in re.findall(r"```bash\n(.*?)```", path.read_text(), flags=re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                for cmd in line.split("#")[0].split("&&"):
+                    cmd = cmd.strip().rstrip("&").strip()
+                    if cmd.startswith(("radixserve ", "radixserve-loadtest ")):
+                        out.append((path.name, cmd))
+    return out
+
+
+def test_docs_have_commands():
+    files = {f for f, _ in _command_lines()}
+    assert {"README.md", "loadtest.md", "benchmarks.md", "operations.md"} <= files
+
+
+@pytest.mark.parametrize("where,cmd", _command_lines())
+def test_doc_command_parses(where, cmd):
+    server_cli = pytest.importorskip("server.cli")
+    words = shlex.split(cmd)
+    if words[0] == "radixserve":
+        server_cli.build_parser().parse_args(words[1:])
+        return
+    args = cli.build_parser().parse_args(words[1:])
+    for spec in getattr(args, "server", None) or []:
+        target = compare.parse_server(spec)
+        if not target.baseline:
+            server_cli.build_parser().parse_args(list(target.flags))
+
+
+def test_doc_metric_names_are_registered():
+    metrics = pytest.importorskip("scheduler.metrics")
+    from prometheus_client import generate_latest
+
+    m = metrics.Metrics()
+    m.tokens_total.labels(kind="original").inc(1)
+    m.request_failure.labels(err="validation").inc(1)
+    m.request_success.labels(method="embed").inc(1)
+    exposed = set(re.findall(r"^([a-z_]+)", generate_latest(m.registry).decode(), flags=re.M))
+    families = {re.sub(r"_(total|bucket|sum|count|created)$", "", n) for n in exposed}
+    text = "\n".join(p.read_text() for p in DOCS)
+    named = set(re.findall(r"\b((?:te|radixserve)_[a-z_]*[a-z])\b", text))
+    assert named, "the docs name no metrics"
+    unknown = sorted(n for n in named if n not in exposed and n not in families)
+    assert not unknown, unknown
