@@ -151,7 +151,7 @@ def create_app(cfg: BaselineConfig, model: BaselineModel | None = None):
     @app.get("/metrics")
     async def metrics():
         lines = [
-            "# TYPE te_request_count counter", f"te_request_count_total {batcher.requests}",
+            "# TYPE te_request_count counter", f"te_request_count {batcher.requests}",
             "# TYPE radixserve_tokens counter", f'radixserve_tokens_total{{kind="original"}} {batcher.tokens_real}',
             "# TYPE baseline_padded_tokens counter", f"baseline_padded_tokens_total {batcher.tokens_padded}",
         ]

@@ -20,9 +20,12 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry if registry is not None else CollectorRegistry()
-        self.request_count = Counter("te_request_count", "Requests received", ["method"], registry=r)
-        self.request_success = Counter("te_request_success", "Requests served", ["method"], registry=r)
-        self.request_failure = Counter("te_request_failure", "Requests failed", ["err"], registry=r)
+        # NOTE: prometheus_client exposes every Counter as NAME_total, while TEI (Rust exporter)
+        # exposes these three under their bare names; monotonic Gauges keep the exact TEI names so
+        # TEI dashboards and alerts (rate(te_request_count[...])) work unchanged.
+        self.request_count = Gauge("te_request_count", "Requests received (counter)", ["method"], registry=r)
+        self.request_success = Gauge("te_request_success", "Requests served (counter)", ["method"], registry=r)
+        self.request_failure = Gauge("te_request_failure", "Requests failed (counter)", ["err"], registry=r)
         self.request_duration = Histogram("te_request_duration", "End-to-end request time (s)", buckets=_LATENCY, registry=r)
         self.tokenization_duration = Histogram(
             "te_request_tokenization_duration", "Tokenization time (s)", buckets=_LATENCY, registry=r

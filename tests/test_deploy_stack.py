@@ -148,7 +148,7 @@ def test_dashboard_queries_only_exported_metrics(dashboard):
             used |= names
     must = {
         "te_radix_mlp_compression_ratio_bucket", "te_radix_mlp_compression_ratio_sum",
-        "te_radix_mlp_compression_ratio_count", "radixserve_tokens_total", "te_request_success_total",
+        "te_radix_mlp_compression_ratio_count", "radixserve_tokens_total", "te_request_success",
         "te_request_duration_bucket", "te_queue_size", "radixserve_worker_idle_ratio",
     }
     assert must <= used, must - used

@@ -101,7 +101,7 @@ def test_client_disconnect_mid_queue(base, tiny_embedding_dir):
         while srv_permits(srv) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert srv_permits(srv) == 0
-        assert metric(srv.url, "te_request_failure_total", err="client_gone") >= 1
+        assert metric(srv.url, "te_request_failure", err="client_gone") >= 1
         assert httpx.post(srv.url + "/embed", json={"inputs": "later"}, timeout=60).status_code == 200
     finally:
         srv.stop()
@@ -128,7 +128,7 @@ def test_failing_batch_is_500_only_for_that_batch(base, tiny_embedding_dir):
         ref = base.run(base.prepare(*_pack(base, ["a", "b"])))
         np.testing.assert_allclose(good.json(), ref.numpy() / np.linalg.norm(ref.numpy(), axis=1, keepdims=True), atol=1e-4)
         assert httpx.get(srv.url + "/health").status_code == 200
-        assert metric(srv.url, "te_request_failure_total", err="backend") == 1
+        assert metric(srv.url, "te_request_failure", err="backend") == 1
     finally:
         srv.stop()
 
@@ -156,13 +156,13 @@ def test_dead_worker_is_503(base, tiny_embedding_dir):
 def test_metrics_parse_and_move(base, tiny_embedding_dir):
     srv = _start(base, tiny_embedding_dir)
     try:
-        before = metric(srv.url, "te_request_count_total", method="embed")
+        before = metric(srv.url, "te_request_count", method="embed")
         r = httpx.post(srv.url + "/embed", json={"inputs": ["shared prefix a", "shared prefix b"]}, timeout=60)
         assert r.status_code == 200
         httpx.post(srv.url + "/embed", json={"inputs": ""})
-        assert metric(srv.url, "te_request_count_total", method="embed") == before + 2
-        assert metric(srv.url, "te_request_success_total", method="embed") == 1
-        assert metric(srv.url, "te_request_failure_total", err="empty") == 1
+        assert metric(srv.url, "te_request_count", method="embed") == before + 2
+        assert metric(srv.url, "te_request_success", method="embed") == 1
+        assert metric(srv.url, "te_request_failure", err="empty") == 1
         for name in ("te_request_duration_count", "te_request_tokenization_duration_count",
                      "te_request_queue_duration_count", "te_request_inference_duration_count"):
             assert metric(srv.url, name) >= 1, name
