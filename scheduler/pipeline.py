@@ -22,6 +22,7 @@ import numpy as np
 
 from .forming import Entry, PrefixPolicy, form_batch
 from .metrics import Metrics
+from .timing import JustInTime
 from .radix import positions_from_cu_seqlens
 from .waiting import WaitQueue
 
@@ -119,6 +120,8 @@ class Pipeline:
         self._idle_s = 0.0
         self._worker_t0 = 0.0
         self._prep_busy = False  # entries taken off the queue but not yet handed over
+        # Under "prefix", form the next batch just before the running one ends (scheduler/timing.py).
+        self.clock = JustInTime() if config.policy == "prefix" else None
         if config.policy == "prefix":
             # NOTE: form_batch imports it lazily; import it here, not under the queue's lock.
             from . import prefix_forming  # noqa: F401
@@ -182,6 +185,7 @@ class Pipeline:
         while not self._dead.is_set():
             if not self._slot.acquire(timeout=0.05):
                 continue
+            self._wait_until_due()
             entries = self.waiting.take(self._select, hold=self._hold)
             if not entries:
                 break  # closed and drained
@@ -196,6 +200,14 @@ class Pipeline:
                     self._fail(e, WorkerDead("the model worker is not alive"))
                 return
         self._hand_over(_STOP)
+
+    def _wait_until_due(self) -> None:
+        """Hold off forming while the running forward is far from its expected end."""
+        while self.clock is not None and not self._dead.is_set():
+            delay = self.clock.delay_s()
+            if delay <= 0:
+                return
+            self._dead.wait(min(delay, 0.05))
 
     def _prepare(self, entries: list[Entry]) -> _Prepared | None:
         t0 = time.monotonic()
@@ -229,6 +241,8 @@ class Pipeline:
             return None
         trace.prep_end = time.monotonic()
         self.trace.append(trace)
+        if self.clock is not None:
+            self.clock.prepared(trace.prep_end - t0)
         m = self.metrics
         if m is not None:
             m.batch_next_size.observe(len(entries))
@@ -273,9 +287,15 @@ class Pipeline:
             if self.metrics is not None:
                 self.metrics.worker_idle_ratio.set(self.idle_ratio)
 
+    def _forward_ended(self, trace: BatchTrace) -> None:
+        if self.clock is not None:
+            self.clock.forward_ended(trace.forward_end - trace.forward_start)
+
     def _run(self, batch: _Prepared) -> None:
         trace = batch.trace
         trace.forward_start = time.monotonic()
+        if self.clock is not None:
+            self.clock.forward_started(trace.forward_start)
         try:
             out = self.runner.run(batch.forward)
             arr = np.asarray(out.detach().cpu() if hasattr(out, "detach") else out, dtype=np.float32)
@@ -283,12 +303,14 @@ class Pipeline:
                 raise RuntimeError(f"runner returned {arr.shape[0]} rows for {len(batch.entries)} items")
         except Exception as exc:  # noqa: BLE001 - fails this batch only
             trace.forward_end = time.monotonic()
+            self._forward_ended(trace)
             trace.error = f"{type(exc).__name__}: {exc}"
             log.exception("batch %d failed in the model", trace.batch_id)
             for e in batch.entries:
                 self._fail(e, BatchFailed(f"the model failed on this batch: {trace.error}"))
             return
         trace.forward_end = time.monotonic()
+        self._forward_ended(trace)
         forward_s = trace.forward_end - trace.forward_start
         if self.metrics is not None:
             self.metrics.forward_duration.observe(forward_s)

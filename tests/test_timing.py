@@ -1,0 +1,53 @@
+"""Just-in-time batch formation: the clock's arithmetic, and the pipeline forming late under "prefix"."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from scheduler.timing import JustInTime
+from tests.test_scheduler import FakeRunner, req_items, run_async
+
+
+def test_no_delay_without_a_running_forward_or_an_estimate():
+    clock = JustInTime(margin_s=0.01)
+    assert clock.delay_s(now=5.0) == 0.0  # nothing known yet
+    clock.forward_started(1.0)
+    assert clock.delay_s(now=1.0) == 0.0  # running, but no estimate of how long it takes
+    clock.forward_ended(2.0)
+    assert clock.delay_s(now=10.0) == 0.0  # estimate, but nothing running
+
+
+def test_delay_is_expected_end_minus_prep_and_margin():
+    clock = JustInTime(margin_s=0.01, alpha=0.5)
+    clock.forward_ended(1.0)
+    clock.forward_ended(3.0)  # EMA: 0.5 * 1 + 0.5 * 3
+    clock.prepared(0.2)
+    clock.prepared(0.4)  # EMA starting from 0 (preparation assumed free until measured)
+    clock.forward_started(100.0)
+    prep = 0.5 * (0.5 * 0.0 + 0.5 * 0.2) + 0.5 * 0.4
+    want_due = 100.0 + (0.5 * 1.0 + 0.5 * 3.0) - prep - 0.01
+    assert clock.delay_s(now=100.5) == pytest.approx(want_due - 100.5)
+    assert clock.delay_s(now=want_due + 1.0) == 0.0  # overdue: form at once
+
+
+@pytest.mark.parametrize("policy", ["fifo", "prefix"])
+def test_prefix_policy_forms_the_next_batch_late(policy):
+    run_s = 0.4
+    runner = FakeRunner(run_s=run_s)
+    reqs = [req_items(r, [3]) for r in range(6)]
+
+    async def go(sched):
+        return await asyncio.gather(*(sched.submit(items) for items in reqs))
+
+    sched, results = run_async(runner, go, max_batch_requests=1, policy=policy)
+    assert [r.outputs[0][0] for r in results] == [float(sum(items[0])) for items in reqs]
+    trace = list(sched.trace)
+    # Once one forward has been timed, batch k+1 is formed only near the end of batch k.
+    gaps = [nxt.prep_start - cur.forward_start for cur, nxt in zip(trace[1:], trace[2:])]
+    assert gaps
+    if policy == "prefix":
+        assert all(g > run_s / 2 for g in gaps), gaps
+        assert all(nxt.prep_start < cur.forward_end for cur, nxt in zip(trace[1:], trace[2:]))
+    else:
+        assert all(g < run_s / 2 for g in gaps), gaps
