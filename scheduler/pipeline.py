@@ -295,7 +295,7 @@ class Pipeline:
         trace = batch.trace
         trace.forward_start = time.monotonic()
         if self.clock is not None:
-            self.clock.forward_started(trace.forward_start)
+            self.clock.forward_started(trace.forward_start, trace.n_compact)
         try:
             out = self.runner.run(batch.forward)
             arr = np.asarray(out.detach().cpu() if hasattr(out, "detach") else out, dtype=np.float32)

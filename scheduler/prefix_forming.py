@@ -95,7 +95,8 @@ def form_batch_prefix(
     slots = np.flatnonzero(taken)
     if not chosen:  # grouping must beat FIFO on the cost model, else FIFO (fairer) wins
         k = int(np.searchsorted(starts, len(fifo)))  # FIFO took requests 0..k-1 whole
-        if _saving(slots, lcp) <= _saving(np.sort(rank[:k]), lcp):
+        gain = _saving(slots, lcp) - _saving(np.sort(rank[:k]), lcp)
+        if gain <= config.min_gain * float(tok_s[slots].sum()):
             return fifo
     picked = sorted(order[slots].tolist())
     _count_skips(heads, set(picked), picked[-1])

@@ -4,9 +4,10 @@ Batch N+1 cannot start before batch N's forward ends, so forming it the moment N
 nothing and sees the shallowest queue: the clients whose results N-1 just returned have not sent
 their next requests yet. The prefix-aware former (scheduler/prefix_forming.py) can only group
 what is waiting, so under that policy the prep thread forms N+1 just in time: at N's expected
-end minus the expected preparation time and a margin. Estimates are exponential moving averages
-of recent batches; a wrong estimate costs at most the margin of worker idle time (too late) or
-nothing beyond today's behaviour (too early).
+end minus the expected preparation time and a margin. The forward estimate is an exponential
+moving average of seconds per computed row (N' with the trie, N without) times the running
+batch's rows, since grouped batches vary in N'; preparation is an EMA of recent batches. A wrong
+estimate costs worker idle time (too late) or nothing beyond forming at once (too early).
 """
 from __future__ import annotations
 
@@ -18,27 +19,29 @@ class JustInTime:
 
     def __init__(self, *, margin_s: float = 0.005, alpha: float = 0.3) -> None:
         self.margin_s, self.alpha = margin_s, alpha
-        self.forward_s: float | None = None  # EMA of forward durations
+        self.row_s: float | None = None  # EMA of forward seconds per computed row
         self.prep_s = 0.0  # EMA of preparation durations
         self._running_since: float | None = None  # monotonic start of the forward in flight
+        self._running_rows = 0
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.alpha) * old + self.alpha * new
 
-    def forward_started(self, t: float) -> None:
-        self._running_since = t
+    def forward_started(self, t: float, rows: int) -> None:
+        self._running_since, self._running_rows = t, max(1, rows)
 
     def forward_ended(self, duration_s: float) -> None:
+        self.row_s = self._ema(self.row_s, duration_s / self._running_rows)
         self._running_since = None
-        self.forward_s = self._ema(self.forward_s, duration_s)
 
     def prepared(self, duration_s: float) -> None:
         self.prep_s = self._ema(self.prep_s, duration_s)
 
     def delay_s(self, now: float | None = None) -> float:
         """Seconds to wait before forming the next batch (0: form now)."""
-        since, forward = self._running_since, self.forward_s
-        if since is None or forward is None:
+        since, row_s = self._running_since, self.row_s
+        if since is None or row_s is None:
             return 0.0  # nothing running, or no estimate yet: form at once
         now = time.monotonic() if now is None else now
-        return max(0.0, since + forward - self.prep_s - self.margin_s - now)
+        expected_end = since + row_s * self._running_rows
+        return max(0.0, expected_end - self.prep_s - self.margin_s - now)

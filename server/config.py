@@ -36,7 +36,7 @@ class ServerConfig:
     # requests waiting longer than the max wait, or passed over max-skips times, go first).
     batching_policy: str = "fifo"
     batching_max_wait_ms: float = 500.0
-    batching_max_skips: int = 4
+    batching_max_skips: int = 2
     pooling: str | None = None  # None: from the checkpoint
     default_prompt_name: str | None = None
     default_prompt: str | None = None

@@ -20,7 +20,8 @@ from scheduler.prefix_forming import shared_prefix_tokens
 from scheduler.radix import build_index, positions_from_cu_seqlens
 
 SYSTEM = list(range(1000, 1040))  # the template prefix every request shares (40 tokens)
-NO_AGING = PrefixPolicy(max_wait_s=math.inf, max_skips=10**9)
+# Grouping mechanics in isolation: no aging, and any gain over FIFO is worth a reorder.
+NO_AGING = PrefixPolicy(max_wait_s=math.inf, max_skips=10**9, min_gain=0.0)
 
 
 def query(q: int) -> list[int]:
@@ -142,6 +143,27 @@ def test_groups_one_query_per_batch(max_requests):
     assert n == n_fifo and n_compact < n_compact_fifo
 
 
+def test_small_gain_keeps_fifo_large_gain_groups():
+    waiting = queue_of([0, 1, 2] * 3)  # 10-token queries: grouping saves only a few percent
+    group = 3 * 2 * 70
+    fifo = form_batch_fifo(waiting, max_tokens=group)
+    picky = PrefixPolicy(max_wait_s=math.inf, max_skips=10**9, min_gain=0.5)
+    assert prefix(waiting, max_tokens=group, config=picky) == fifo
+    assert prefix(waiting, max_tokens=group) != fifo  # min_gain 0: any gain regroups
+
+    # 300-token queries: one query per batch saves far more than the default 5% over FIFO.
+    rng = random.Random(1)
+    long_q = {q: [7000 + 1000 * q + j for j in range(300)] for q in range(3)}
+    waiting = [
+        Entry(rid, SYSTEM + long_q[q] + [rng.randrange(20000, 30000) for _ in range(20)], rid * 1e-3)
+        for rid, q in enumerate([0, 1, 2] * 3) for _ in range(2)
+    ]
+    per_request = 2 * (len(SYSTEM) + 300 + 20)
+    aging_only = PrefixPolicy(max_wait_s=math.inf, max_skips=10**9)  # default min_gain
+    chosen = prefix(waiting, max_tokens=3 * per_request, config=aging_only)
+    assert {e.input_ids[len(SYSTEM)] for e in (waiting[i] for i in chosen)} == {long_q[0][0]}
+
+
 def test_group_extends_to_the_nearest_prefix():
     # `near` shares the system prompt and 5 query tokens with query 0; query 2 only the system prompt
     waiting = queue_of([2, 0, 2, 0, 2, 0], n_items=1)
@@ -168,7 +190,7 @@ def test_oversized_request_is_split_only_when_first():
     chosen = prefix(waiting, max_tokens=200)
     assert chosen == [0, 6]  # not first: never split into a batch with others
     big[0].skips = 10**9  # now urgent and the oldest urgent one: split, alone
-    assert prefix(waiting, max_tokens=200, config=PrefixPolicy(max_wait_s=math.inf, max_skips=5)) == [1, 2]
+    assert prefix(waiting, max_tokens=200, config=PrefixPolicy(max_wait_s=math.inf, max_skips=5, min_gain=0.0)) == [1, 2]
 
 
 @pytest.mark.parametrize("by", ["time", "skips"])
@@ -177,7 +199,7 @@ def test_aging_takes_the_old_entry_first(by):
     odd = request(0, 7, 1, rng, arrival=0.9)
     popular = [e for rid in range(1, 7) for e in request(rid, 0, 1, rng, arrival=1.0)]
     waiting = odd + popular
-    config = PrefixPolicy(max_wait_s=0.5, max_skips=3)
+    config = PrefixPolicy(max_wait_s=0.5, max_skips=3, min_gain=0.0)
     budget = 6 * 70
     fresh = prefix(waiting, max_tokens=budget, now=1.2, config=config)
     assert 0 not in fresh and odd[0].skips == 1  # grouping passed it over once
@@ -199,7 +221,7 @@ def test_skips_counted_only_for_requests_passed_over():
 @pytest.mark.parametrize("lookahead", [1, 2, 8])
 def test_lookahead_bounds_how_far_the_former_looks(lookahead):
     waiting = queue_of([1, 2, 3, 0, 0, 0])  # the group of query 0 sits past one batch's worth
-    config = PrefixPolicy(max_wait_s=math.inf, max_skips=10**9, lookahead_batches=lookahead)
+    config = PrefixPolicy(max_wait_s=math.inf, max_skips=10**9, lookahead_batches=lookahead, min_gain=0.0)
     chosen = prefix(waiting, max_tokens=420, config=config)
     assert chosen == (list(range(6)) if lookahead == 1 else list(range(6, 12)))
 
@@ -242,16 +264,18 @@ def simulate(config: PrefixPolicy, *, steps: int, dt: float) -> int | None:
 def test_no_starvation_under_constant_inflow():
     assert simulate(NO_AGING, steps=30, dt=0.1) is None  # grouping alone would starve it
     # passed over at most max_skips times, then first
-    assert simulate(PrefixPolicy(max_wait_s=math.inf, max_skips=3), steps=30, dt=0.1) <= 3 + 1
+    assert simulate(PrefixPolicy(max_wait_s=math.inf, max_skips=3, min_gain=0.0), steps=30, dt=0.1) <= 3 + 1
     # the first batch formed at or after arrival + max_wait_s (batches at now = 0, 0.1, ...) takes it
-    assert simulate(PrefixPolicy(max_wait_s=0.45, max_skips=10**9), steps=30, dt=0.1) <= math.ceil(0.45 / 0.1) + 1
+    assert simulate(PrefixPolicy(max_wait_s=0.45, max_skips=10**9, min_gain=0.0), steps=30, dt=0.1) <= math.ceil(0.45 / 0.1) + 1
 
 
 def drain(waiting: list[Entry], policy: str, *, max_tokens: int) -> tuple[int, int]:
     waiting = list(waiting)
     n_compact = n_total = 0
     while waiting:
-        chosen = form_batch(waiting, max_tokens=max_tokens, policy=policy, now=0.0)
+        # 10-token queries gain little per regroup: min_gain 0 lets the default aging decide.
+        chosen = form_batch(waiting, max_tokens=max_tokens, policy=policy, now=0.0,
+                            prefix=PrefixPolicy(min_gain=0.0))
         c, n = compact_and_total([waiting[i] for i in chosen])
         n_compact, n_total = n_compact + c, n_total + n
         picked = set(chosen)
