@@ -3,8 +3,8 @@
 Batch N+1 cannot start before batch N's forward ends, so forming it the moment N starts gains
 nothing and sees the shallowest queue: the clients whose results N-1 just returned have not sent
 their next requests yet. The prefix-aware former (scheduler/prefix_forming.py) can only group
-what is waiting, so under that policy the prep thread forms N+1 just in time: at N's expected
-end minus the expected preparation time and a margin. The forward estimate is an exponential
+what is waiting, so under that policy the prep thread forms N+1 late: once 75% of N's expected
+forward has passed, minus the expected preparation time and a margin. The forward estimate is an exponential
 moving average of seconds per computed row (N' with the trie, N without) times the running
 batch's rows, since grouped batches vary in N'; preparation is an EMA of recent batches. A wrong
 estimate costs worker idle time (too late) or nothing beyond forming at once (too early).
@@ -17,8 +17,10 @@ import time
 class JustInTime:
     """EMA estimates of forward and preparation time; ``delay_s`` says how long to hold off."""
 
-    def __init__(self, *, margin_s: float = 0.005, alpha: float = 0.3) -> None:
-        self.margin_s, self.alpha = margin_s, alpha
+    def __init__(self, *, margin_s: float = 0.005, slack: float = 0.25, alpha: float = 0.3) -> None:
+        # slack: share of the expected forward left as headroom, so a forward that ends early
+        # (estimates are noisy) rarely finds the next batch unprepared.
+        self.margin_s, self.slack, self.alpha = margin_s, slack, alpha
         self.row_s: float | None = None  # EMA of forward seconds per computed row
         self.prep_s = 0.0  # EMA of preparation durations
         self._running_since: float | None = None  # monotonic start of the forward in flight
@@ -43,5 +45,6 @@ class JustInTime:
         if since is None or row_s is None:
             return 0.0  # nothing running, or no estimate yet: form at once
         now = time.monotonic() if now is None else now
-        expected_end = since + row_s * self._running_rows
-        return max(0.0, expected_end - self.prep_s - self.margin_s - now)
+        expected = row_s * self._running_rows
+        due = since + (1.0 - self.slack) * expected - self.prep_s - self.margin_s
+        return max(0.0, due - now)

@@ -151,14 +151,14 @@ def test_small_gain_keeps_fifo_large_gain_groups():
     assert prefix(waiting, max_tokens=group, config=picky) == fifo
     assert prefix(waiting, max_tokens=group) != fifo  # min_gain 0: any gain regroups
 
-    # 300-token queries: one query per batch saves far more than the default 5% over FIFO.
+    # 80-token queries: one query per batch saves far more than the default 10% over FIFO.
     rng = random.Random(1)
-    long_q = {q: [7000 + 1000 * q + j for j in range(300)] for q in range(3)}
+    long_q = {q: [7000 + 1000 * q + j for j in range(80)] for q in range(3)}
     waiting = [
         Entry(rid, SYSTEM + long_q[q] + [rng.randrange(20000, 30000) for _ in range(20)], rid * 1e-3)
         for rid, q in enumerate([0, 1, 2] * 3) for _ in range(2)
     ]
-    per_request = 2 * (len(SYSTEM) + 300 + 20)
+    per_request = 2 * (len(SYSTEM) + 80 + 20)
     aging_only = PrefixPolicy(max_wait_s=math.inf, max_skips=10**9)  # default min_gain
     chosen = prefix(waiting, max_tokens=3 * per_request, config=aging_only)
     assert {e.input_ids[len(SYSTEM)] for e in (waiting[i] for i in chosen)} == {long_q[0][0]}

@@ -10,7 +10,7 @@ from tests.test_scheduler import FakeRunner, req_items, run_async
 
 
 def test_no_delay_without_a_running_forward_or_an_estimate():
-    clock = JustInTime(margin_s=0.01)
+    clock = JustInTime(margin_s=0.01, slack=0.25)
     assert clock.delay_s(now=5.0) == 0.0  # nothing known yet
     clock.forward_started(1.0, rows=100)
     assert clock.delay_s(now=1.0) == 0.0  # running, but no estimate of how long it takes
@@ -19,7 +19,7 @@ def test_no_delay_without_a_running_forward_or_an_estimate():
 
 
 def test_delay_is_expected_end_minus_prep_and_margin():
-    clock = JustInTime(margin_s=0.01, alpha=0.5)
+    clock = JustInTime(margin_s=0.01, slack=0.25, alpha=0.5)
     clock.forward_started(0.0, rows=100)
     clock.forward_ended(1.0)  # 0.01 s per row
     clock.forward_started(2.0, rows=300)
@@ -28,7 +28,7 @@ def test_delay_is_expected_end_minus_prep_and_margin():
     clock.prepared(0.4)  # EMA starting from 0 (preparation assumed free until measured)
     clock.forward_started(100.0, rows=200)  # expected to take 200 rows * 0.0075 s
     prep = 0.5 * (0.5 * 0.0 + 0.5 * 0.2) + 0.5 * 0.4
-    want_due = 100.0 + 200 * (0.5 * 0.01 + 0.5 * 0.005) - prep - 0.01
+    want_due = 100.0 + 0.75 * 200 * (0.5 * 0.01 + 0.5 * 0.005) - prep - 0.01
     assert clock.delay_s(now=100.5) == pytest.approx(want_due - 100.5)
     assert clock.delay_s(now=want_due + 1.0) == 0.0  # overdue: form at once
 
