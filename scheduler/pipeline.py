@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .forming import Entry, PrefixPolicy, form_batch
+from .forming import Entry, PrefixPolicy, form_batch, form_batch_fifo
 from .metrics import Metrics
 from .timing import JustInTime
 from .radix import positions_from_cu_seqlens
@@ -166,10 +166,16 @@ class Pipeline:
     # -- prep thread ----------------------------------------------------------------------------
     def _select(self, waiting: Sequence[Entry], now: float) -> list[int]:
         c = self.config
-        return form_batch(
+        chosen = form_batch(
             waiting, max_tokens=c.max_batch_tokens, max_requests=c.max_batch_requests, policy=c.policy, now=now,
             prefix=c.prefix,
         )
+        if self.clock is not None:
+            # Forming late only pays while grouping does: when the former keeps choosing FIFO's
+            # batch, form at once like FIFO (no idle risk).
+            fifo = form_batch_fifo(waiting, max_tokens=c.max_batch_tokens, max_requests=c.max_batch_requests)
+            self.clock.grouping = chosen != fifo
+        return chosen
 
     def _hold(self, waiting: Sequence[Entry], now: float) -> float:
         c = self.config

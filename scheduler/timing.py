@@ -7,7 +7,8 @@ what is waiting, so under that policy the prep thread forms N+1 late: once 75% o
 forward has passed, minus the expected preparation time and a margin. The forward estimate is an exponential
 moving average of seconds per computed row (N' with the trie, N without) times the running
 batch's rows, since grouped batches vary in N'; preparation is an EMA of recent batches. A wrong
-estimate costs worker idle time (too late) or nothing beyond forming at once (too early).
+estimate costs worker idle time (too late) or nothing beyond forming at once (too early), and
+while the former keeps choosing FIFO's batch anyway the clock does not hold off at all.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ class JustInTime:
         self.prep_s = 0.0  # EMA of preparation durations
         self._running_since: float | None = None  # monotonic start of the forward in flight
         self._running_rows = 0
+        self.grouping = True  # did the last formation regroup? (set by the pipeline)
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.alpha) * old + self.alpha * new
@@ -42,8 +44,8 @@ class JustInTime:
     def delay_s(self, now: float | None = None) -> float:
         """Seconds to wait before forming the next batch (0: form now)."""
         since, row_s = self._running_since, self.row_s
-        if since is None or row_s is None:
-            return 0.0  # nothing running, or no estimate yet: form at once
+        if since is None or row_s is None or not self.grouping:
+            return 0.0  # nothing running, no estimate yet, or FIFO would be chosen: form at once
         now = time.monotonic() if now is None else now
         expected = row_s * self._running_rows
         due = since + (1.0 - self.slack) * expected - self.prep_s - self.margin_s

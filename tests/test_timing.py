@@ -6,7 +6,7 @@ import asyncio
 import pytest
 
 from scheduler.timing import JustInTime
-from tests.test_scheduler import FakeRunner, req_items, run_async
+from tests.test_scheduler import FakeRunner, run_async
 
 
 def test_no_delay_without_a_running_forward_or_an_estimate():
@@ -31,25 +31,29 @@ def test_delay_is_expected_end_minus_prep_and_margin():
     want_due = 100.0 + 0.75 * 200 * (0.5 * 0.01 + 0.5 * 0.005) - prep - 0.01
     assert clock.delay_s(now=100.5) == pytest.approx(want_due - 100.5)
     assert clock.delay_s(now=want_due + 1.0) == 0.0  # overdue: form at once
+    clock.grouping = False
+    assert clock.delay_s(now=100.5) == 0.0  # the former chose FIFO's batch: no reason to wait
 
 
 @pytest.mark.parametrize("policy", ["fifo", "prefix"])
-def test_prefix_policy_forms_the_next_batch_late(policy):
+def test_prefix_policy_forms_the_next_batch_late_while_grouping_pays(policy):
     run_s = 0.4
     runner = FakeRunner(run_s=run_s)
-    reqs = [req_items(r, [3]) for r in range(6)]
+    # Single-item requests alternating between two 30-token prefixes: two per batch, so the
+    # prefix former regroups (A, A instead of A, B) and then holds off forming while one runs.
+    reqs = [[[1 + r % 2] * 30 + [100 + r]] for r in range(10)]
 
     async def go(sched):
         return await asyncio.gather(*(sched.submit(items) for items in reqs))
 
-    sched, results = run_async(runner, go, max_batch_requests=1, policy=policy)
+    sched, results = run_async(runner, go, max_batch_tokens=62, policy=policy)
     assert [r.outputs[0][0] for r in results] == [float(sum(items[0])) for items in reqs]
     trace = list(sched.trace)
-    # Once one forward has been timed, batch k+1 is formed only near the end of batch k.
     gaps = [nxt.prep_start - cur.forward_start for cur, nxt in zip(trace[1:], trace[2:])]
     assert gaps
     if policy == "prefix":
-        assert all(g > run_s / 2 for g in gaps), gaps
-        assert all(nxt.prep_start < cur.forward_end for cur, nxt in zip(trace[1:], trace[2:]))
+        assert any(g > run_s / 2 for g in gaps), gaps
+        late = [(c, n) for c, n in zip(trace[1:], trace[2:]) if n.prep_start - c.forward_start > run_s / 2]
+        assert all(n.prep_start < c.forward_end for c, n in late)
     else:
         assert all(g < run_s / 2 for g in gaps), gaps
