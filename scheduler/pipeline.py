@@ -209,7 +209,9 @@ class Pipeline:
 
     def _wait_until_due(self) -> None:
         """Hold off forming while the running forward is far from its expected end."""
-        while self.clock is not None and not self._dead.is_set():
+        if self.clock is None or not self.clock.hold_this_time():
+            return
+        while not self._dead.is_set():
             delay = self.clock.delay_s()
             if delay <= 0:
                 return

@@ -7,8 +7,8 @@ what is waiting, so under that policy the prep thread forms N+1 late: once 75% o
 forward has passed, minus the expected preparation time and a margin. The forward estimate is an exponential
 moving average of seconds per computed row (N' with the trie, N without) times the running
 batch's rows, since grouped batches vary in N'; preparation is an EMA of recent batches. A wrong
-estimate costs worker idle time (too late) or nothing beyond forming at once (too early), and
-while the former keeps choosing FIFO's batch anyway the clock does not hold off at all.
+estimate costs worker idle time (too late) or nothing beyond forming at once (too early). While
+the former keeps choosing FIFO's batch the clock holds off only every few formations, to probe.
 """
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ import time
 class JustInTime:
     """EMA estimates of forward and preparation time; ``delay_s`` says how long to hold off."""
 
-    def __init__(self, *, margin_s: float = 0.005, slack: float = 0.25, alpha: float = 0.3) -> None:
+    def __init__(self, *, margin_s: float = 0.005, slack: float = 0.25, alpha: float = 0.3,
+                 probe_every: int = 4) -> None:
         # slack: share of the expected forward left as headroom, so a forward that ends early
         # (estimates are noisy) rarely finds the next batch unprepared.
         self.margin_s, self.slack, self.alpha = margin_s, slack, alpha
@@ -27,6 +28,10 @@ class JustInTime:
         self._running_since: float | None = None  # monotonic start of the forward in flight
         self._running_rows = 0
         self.grouping = True  # did the last formation regroup? (set by the pipeline)
+        # While the former keeps choosing FIFO's batch, hold off only every probe_every-th time,
+        # to find out whether a deeper queue would regroup (it cannot tell from a shallow one).
+        self.probe_every = probe_every
+        self._formations = 0
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else (1 - self.alpha) * old + self.alpha * new
@@ -41,11 +46,16 @@ class JustInTime:
     def prepared(self, duration_s: float) -> None:
         self.prep_s = self._ema(self.prep_s, duration_s)
 
+    def hold_this_time(self) -> bool:
+        """Called once per formation: hold off (see delay_s) this time or form at once?"""
+        self._formations += 1
+        return self.grouping or self._formations % self.probe_every == 0
+
     def delay_s(self, now: float | None = None) -> float:
         """Seconds to wait before forming the next batch (0: form now)."""
         since, row_s = self._running_since, self.row_s
-        if since is None or row_s is None or not self.grouping:
-            return 0.0  # nothing running, no estimate yet, or FIFO would be chosen: form at once
+        if since is None or row_s is None:
+            return 0.0  # nothing running, or no estimate yet: form at once
         now = time.monotonic() if now is None else now
         expected = row_s * self._running_rows
         due = since + (1.0 - self.slack) * expected - self.prep_s - self.margin_s

@@ -31,8 +31,14 @@ def test_delay_is_expected_end_minus_prep_and_margin():
     want_due = 100.0 + 0.75 * 200 * (0.5 * 0.01 + 0.5 * 0.005) - prep - 0.01
     assert clock.delay_s(now=100.5) == pytest.approx(want_due - 100.5)
     assert clock.delay_s(now=want_due + 1.0) == 0.0  # overdue: form at once
-    clock.grouping = False
-    assert clock.delay_s(now=100.5) == 0.0  # the former chose FIFO's batch: no reason to wait
+
+
+
+def test_holds_off_every_time_while_grouping_else_only_to_probe():
+    clock = JustInTime(probe_every=3)
+    assert [clock.hold_this_time() for _ in range(4)] == [True] * 4
+    clock.grouping = False  # the former chose FIFO's batch: hold off only every 3rd formation
+    assert [clock.hold_this_time() for _ in range(6)] == [False, True, False, False, True, False]
 
 
 @pytest.mark.parametrize("policy", ["fifo", "prefix"])
