@@ -25,34 +25,25 @@ def _warn(msg: str) -> None:
     print(f"warning: {msg}", file=sys.stderr)
 
 
-def _positive_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = 0
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"want an integer >= 1, got {text!r}")
-    return n
+def _number(kind: type, *, low: float, strict: bool):
+    """An argparse type: ``kind`` (int or float) that is finite and > low (strict) or >= low."""
+    want = f"{'an integer' if kind is int else 'a number'} {'>' if strict else '>='} {low:g}"
+
+    def parse(text: str):
+        try:
+            x = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"want {want}, got {text!r}") from None
+        if not (x > low if strict else x >= low) or x == float("inf"):
+            raise argparse.ArgumentTypeError(f"want {want}, got {text!r}")
+        return x
+
+    return parse
 
 
-def _non_negative_int(text: str) -> int:
-    try:
-        n = int(text)
-    except ValueError:
-        n = -1
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"want an integer >= 0, got {text!r}")
-    return n
-
-
-def _positive_float(text: str) -> float:
-    try:
-        x = float(text)
-    except ValueError:
-        x = 0.0
-    if not 0.0 < x < float("inf"):
-        raise argparse.ArgumentTypeError(f"want a number > 0, got {text!r}")
-    return x
+_positive_int = _number(int, low=1, strict=False)
+_non_negative_int = _number(int, low=0, strict=False)
+_positive_float = _number(float, low=0.0, strict=True)
 
 
 def _word_range(text: str) -> tuple[int, int]:
