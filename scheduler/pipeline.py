@@ -171,8 +171,8 @@ class Pipeline:
             prefix=c.prefix,
         )
         if self.clock is not None:
-            # Forming late only pays while grouping does: when the former keeps choosing FIFO's
-            # batch, form at once like FIFO (no idle risk).
+            # Forming late only pays while grouping does: when the former chose FIFO's batch, the
+            # clock forms at once except on its periodic probes (scheduler/timing.py).
             fifo = form_batch_fifo(waiting, max_tokens=c.max_batch_tokens, max_requests=c.max_batch_requests)
             self.clock.grouping = chosen != fifo
         return chosen
