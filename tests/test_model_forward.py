@@ -192,3 +192,55 @@ def test_runner_prepare_run_contract(embedding):
     assert (cls - oracle.embed(seqs, "cls")).abs().max().item() < TOL
     empty = runner.run(runner.prepare(np.zeros(0, np.int32), np.zeros(1, np.int32)))
     assert empty.shape == (0, 64)
+
+
+def _varlen_contract_attention(calls):
+    """flash-attn's varlen contract, read from the device-side fields of AttnMeta only.
+
+    The portable path uses the host boundaries; the CUDA kernels see just cu_seqlens_q/k and
+    max_seqlen_q/k. This stand-in checks those fields (int32, contiguous, on q's device,
+    consistent with the packed tensors, maxima exact) and computes bottom-right causal attention
+    from them in float64, so a wrong device boundary fails the oracle comparison on CPU.
+    """
+    def attend(q, k, v, meta, *, scale):
+        cu_q, cu_k = meta.cu_seqlens_q, meta.cu_seqlens_k
+        for cu in (cu_q, cu_k):
+            assert cu.dtype == torch.int32 and cu.is_contiguous() and cu.device == q.device
+        bq, bk = cu_q.tolist(), cu_k.tolist()
+        assert len(bq) == len(bk) and bq[0] == bk[0] == 0
+        assert bq[-1] == q.shape[0] and bk[-1] == k.shape[0] == v.shape[0]
+        lq = [b - a for a, b in zip(bq, bq[1:])]
+        lk = [b - a for a, b in zip(bk, bk[1:])]
+        assert all(0 < x <= y for x, y in zip(lq, lk))
+        assert (meta.max_seqlen_q, meta.max_seqlen_k) == (max(lq), max(lk))
+        group = q.shape[1] // k.shape[1]
+        out = torch.empty(q.shape, dtype=torch.float64)
+        for s in range(len(lq)):
+            qs = q[bq[s]:bq[s + 1]].double()  # [lq, H, D]
+            ks = k[bk[s]:bk[s + 1]].double().repeat_interleave(group, dim=1)  # [lk, H, D]
+            vs = v[bk[s]:bk[s + 1]].double().repeat_interleave(group, dim=1)
+            scores = torch.einsum("qhd,khd->hqk", qs, ks) * scale  # [H, lq, lk]
+            mask = torch.ones(lq[s], lk[s], dtype=torch.bool).tril(diagonal=lk[s] - lq[s])
+            probs = scores.masked_fill(~mask, float("-inf")).softmax(dim=-1)
+            out[bq[s]:bq[s + 1]] = torch.einsum("hqk,khd->qhd", probs, vs)
+        calls.append((tuple(lq), tuple(lk)))
+        return out.to(q.dtype)
+
+    return attend
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_device_boundaries_drive_a_varlen_kernel_exactly(embedding, monkeypatch, mode):
+    """What the GPU backends read (device cu_seqlens, max_seqlen) is right in every mode."""
+    runner, oracle = embedding
+    calls: list = []
+    kernels_obj = runner.model.layers[0].self_attn.kernels  # shared by every layer
+    monkeypatch.setattr(kernels_obj, "attention", _varlen_contract_attention(calls))
+    for case in ("complex", "strict-prefix-after", "one-token", "64-share-200"):
+        seqs = CASES[case]
+        calls.clear()
+        got = _ours(runner, seqs, mode)
+        assert len(calls) == runner.config.num_hidden_layers
+        if mode == "compact" and case in ("complex", "64-share-200"):
+            assert sum(calls[0][0]) < sum(calls[0][1])  # queries: the owners' new nodes only
+        assert (got - oracle.embed(seqs, "last-token")).abs().max().item() < TOL, case
