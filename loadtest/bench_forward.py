@@ -4,7 +4,10 @@ Each batch is B sequences sharing one P-token prefix, each with its own S-token 
 ids). For each mode it prints N, N', the ratio, the median forward time (modes interleaved round by round), the speedup over `off`
 and the Amdahl prediction 1/((1-f) + f/r) with r = N/N' and f the position-wise share of the
 `off` forward's FLOPs (computed analytically); `amdahl_t` uses f_t, the position-wise share of
-the `off` forward's measured time instead. Figures only; nothing is asserted.
+the `off` forward's measured time instead. `idx_ms` is the host time of building the trie for
+the batch: what the threshold gate spends (on the prep thread) even when it then runs `off`.
+`--prefix 0` shares nothing, the case where radix on must cost no more than off.
+Figures only; nothing is asserted.
 
     python -m loadtest.bench forward --preset qwen3-0.6b --layers 2 --dtype float32 \
         --batch 16 --prefix 128 512 --suffix 128
@@ -41,6 +44,8 @@ class Row:
     pw_share: float  # f
     amdahl_time: float  # the same prediction with f measured as a share of `off` time
     pw_share_time: float
+    index_ms: float  # median host time of build_index on this batch
+
 
 
 def position_wise_share(cfg: ModelConfig, lens: list[int]) -> float:
@@ -88,6 +93,16 @@ def measured_pw_share(runner: Runner, fb_off, *, repeats: int) -> float:
     return statistics.median(shares)
 
 
+def index_build_ms(ids: np.ndarray, cu: np.ndarray, *, repeats: int) -> float:
+    """Median wall ms of build_index (positions included), as the prep thread runs it."""
+    times = []
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        build_index(ids, positions_from_cu_seqlens(cu), cu)
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
 def synthetic_batch(batch: int, prefix: int, suffix: int, *, vocab: int, seed: int):
     rng = np.random.default_rng(seed)
     shared = rng.integers(0, vocab, prefix)
@@ -123,6 +138,7 @@ def bench(runner: Runner, *, batch: int, prefixes: list[int], suffix: int, warmu
     for prefix in prefixes:
         ids, cu = synthetic_batch(batch, prefix, suffix, vocab=runner.config.vocab_size, seed=seed)
         index = build_index(ids, positions_from_cu_seqlens(cu), cu)
+        index_ms = index_build_ms(ids, cu, repeats=repeats)
         n = int(cu[-1])
         f = position_wise_share(runner.config, np.diff(cu).tolist())
         r = n / len(index.compact_ids)
@@ -139,7 +155,8 @@ def bench(runner: Runner, *, batch: int, prefixes: list[int], suffix: int, warmu
                             ratio=fb.num_rows / n, median_ms=ms[mode],
                             speedup=(base / ms[mode]) if base else float("nan"),
                             amdahl=1.0 if mode == "off" else amdahl, pw_share=f,
-                            amdahl_time=1.0 if mode == "off" else amdahl_t, pw_share_time=f_t))
+                            amdahl_time=1.0 if mode == "off" else amdahl_t, pw_share_time=f_t,
+                            index_ms=index_ms))
     return rows
 
 
@@ -188,13 +205,13 @@ def main(argv=None) -> int:
           f"attention {runner.attention_backend}, {torch.get_num_threads()} threads, "
           f"B={args.batch} S={args.suffix}, median of {args.repeats}")
     print(f"{'P':>5} {'mode':>8} {'N':>7} {'N_':>7} {'ratio':>6} {'ms':>9} {'speedup':>8} "
-          f"{'amdahl':>7} {'of_amdahl':>9} {'f':>5} {'amdahl_t':>8} {'of_t':>5} {'f_t':>5}")
+          f"{'amdahl':>7} {'of_amdahl':>9} {'f':>5} {'amdahl_t':>8} {'of_t':>5} {'f_t':>5} {'idx_ms':>7}")
     for r in rows:
         of = r.speedup / r.amdahl if r.mode != "off" else 1.0
         of_t = r.speedup / r.amdahl_time if r.mode != "off" else 1.0
         print(f"{r.prefix:>5} {r.mode:>8} {r.tokens:>7} {r.compact_tokens:>7} {r.ratio:>6.3f} "
               f"{r.median_ms:>9.1f} {r.speedup:>8.2f} {r.amdahl:>7.2f} {of:>9.0%} {r.pw_share:>5.3f} "
-              f"{r.amdahl_time:>8.2f} {of_t:>5.0%} {r.pw_share_time:>5.3f}")
+              f"{r.amdahl_time:>8.2f} {of_t:>5.0%} {r.pw_share_time:>5.3f} {r.index_ms:>7.2f}")
     return 0
 
 
