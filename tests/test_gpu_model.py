@@ -1,8 +1,10 @@
-"""GPU checks of the attention backends and the model forward (all gpu-marked; skipped on CPU).
+"""Reduced-precision checks of the attention backends and the model forward, GPU first.
 
 Oracles: a float64 per-sequence attention with the bottom-right causal mask, computed on the CPU
 from the same inputs; for the model, the same checkpoint run without the radix index, and in
-float32, on the same GPU. Run on the H100 through `python -m loadtest.gpu_check`.
+float32, on the same device. The CUDA cases are gpu-marked (skipped without one; run on the H100
+through `python -m loadtest.gpu_check`); the same checks also run on the CPU with the portable
+SDPA backend, so the references and bounds themselves are exercised on every machine.
 """
 from __future__ import annotations
 
@@ -12,9 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-pytestmark = pytest.mark.gpu
-
-BACKENDS = ("flash-attn", "torch-varlen", "sdpa")
+GPU = pytest.mark.gpu
+# (device, backend) pairs: every backend on CUDA, the portable one on the CPU.
+BACKENDS = [pytest.param("cuda", name, marks=GPU, id=f"cuda-{name}")
+            for name in ("flash-attn", "torch-varlen", "sdpa")] + [pytest.param("cpu", "sdpa", id="cpu-sdpa")]
+DEVICES = [pytest.param("cuda", marks=GPU), "cpu"]
 # ||out - ref|| / ||ref|| bounds: bf16 operands land between 1e-3 and 1e-2, fp16 ~8x tighter.
 REL_TOL = {torch.bfloat16: 1.5e-2, torch.float16: 3e-3}
 
@@ -52,22 +56,22 @@ def _layout(kind: str, rng: np.random.Generator):
     return lens, lens
 
 
-def _backend(name: str, dtype):
+def _backend(device: str, name: str, dtype):
     from models.attention import select_backend
 
     try:
-        return select_backend("cuda", prefer=name, dtype=dtype)
+        return select_backend(device, prefer=name, dtype=dtype)
     except ValueError as exc:
         pytest.skip(f"{name}: {exc}")
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("layout", ["compact-one-query", "single-token-seqs", "compact-mixed", "paper"])
-@pytest.mark.parametrize("name", BACKENDS)
-def test_attention_backend_vs_float64(name, layout, dtype):
+@pytest.mark.parametrize("device,name", BACKENDS)
+def test_attention_backend_vs_float64(device, name, layout, dtype):
     from models.attention import make_meta
 
-    backend = _backend(name, dtype)
+    backend = _backend(device, name, dtype)
     rng = np.random.default_rng(zlib.crc32(f"{name}/{layout}".encode()))
     lq, lk = _layout(layout, rng)
     cu_q = np.concatenate([[0], np.cumsum(lq)]).tolist()
@@ -77,10 +81,11 @@ def test_attention_backend_vs_float64(name, layout, dtype):
     q = torch.randn(cu_q[-1], heads, dim, generator=gen)
     k = torch.randn(cu_k[-1], kv_heads, dim, generator=gen)
     v = torch.randn(cu_k[-1], kv_heads, dim, generator=gen)
-    q, k, v = (t.to("cuda", dtype) for t in (q, k, v))
+    q, k, v = (t.to(device, dtype) for t in (q, k, v))
     scale = dim ** -0.5
-    out = backend(q, k, v, make_meta(cu_q, cu_k, torch.device("cuda")), scale=scale)
-    torch.cuda.synchronize()
+    out = backend(q, k, v, make_meta(cu_q, cu_k, torch.device(device)), scale=scale)
+    if device == "cuda":
+        torch.cuda.synchronize()
     assert out.shape == q.shape and out.dtype == dtype
     ref = _ref_attention(q, k, v, cu_q, cu_k, scale)
     got = out.double().cpu()
@@ -104,10 +109,10 @@ def _batch(seed: int = 0):
     return np.concatenate(seqs).astype(np.int32), cu
 
 
-def _runner(model_dir, *, mode="compact", dtype=torch.bfloat16):
+def _runner(model_dir, *, mode="compact", dtype=torch.bfloat16, device="cuda"):
     from models.runner import load_runner
 
-    return load_runner(str(model_dir), device="cuda", dtype=dtype, radix_attention=mode)
+    return load_runner(str(model_dir), device=device, dtype=dtype, radix_attention=mode)
 
 
 def _outputs(runner, ids, cu, *, radix: bool):
@@ -132,16 +137,17 @@ def gpu_fixture_dirs(fixture_root):
         pytest.skip(f"cannot build fixtures here ({exc}); set RADIXSERVE_FIXTURE_DIR")
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["embedding", "reranker"])
 @pytest.mark.parametrize("mode", ["compact", "paper"])
-def test_model_bf16_radix_vs_off(gpu_fixture_dirs, kind, mode):
+def test_model_bf16_radix_vs_off(gpu_fixture_dirs, kind, mode, device):
     ids, cu = _batch()
-    runner = _runner(gpu_fixture_dirs[kind], mode=mode)
-    assert runner.device.type == "cuda" and runner.dtype == torch.bfloat16
+    runner = _runner(gpu_fixture_dirs[kind], mode=mode, device=device)
+    assert runner.device.type == device and runner.dtype == torch.bfloat16
     off = _outputs(runner, ids, cu, radix=False)
     radix = _outputs(runner, ids, cu, radix=True)
-    ref = _outputs(_runner(gpu_fixture_dirs[kind], mode=mode, dtype=torch.float32), ids, cu,
-                   radix=False)
+    ref = _outputs(_runner(gpu_fixture_dirs[kind], mode=mode, dtype=torch.float32, device=device),
+                   ids, cu, radix=False)
     assert torch.isfinite(radix).all() and radix.shape == off.shape == ref.shape
     # radix on/off inside one backend must sit well inside bf16's own error against fp32.
     err_off, err_radix = _rel(off, ref), _rel(radix, ref)
@@ -150,6 +156,7 @@ def test_model_bf16_radix_vs_off(gpu_fixture_dirs, kind, mode):
     assert _rel(radix, off) < 3e-2
 
 
+@GPU
 @pytest.mark.parametrize("mode", ["compact", "paper"])
 def test_model_forward_has_no_host_sync(gpu_fixture_dirs, mode):
     from scheduler.radix import build_index, positions_from_cu_seqlens
