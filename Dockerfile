@@ -110,6 +110,7 @@ FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu${UBUNTU_VERSION} AS gpu
 # NOTE: the gather kernel is imported straight from the prebuilt .so when its sha256 stamp matches
 # the installed kernels/gather.cu (kernels/build.py, load_prebuilt); this stage has no nvcc, so a
 # mismatch means the pure-torch fallback. TORCH_CUDA_ARCH_LIST and CUDA_HOME mirror the build stage.
+# The kernel is opt-in (-e RADIXSERVE_GATHER_IMPL=cuda) until measured on a GPU; see kernels/__init__.py.
 ENV DEBIAN_FRONTEND=noninteractive \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:${PATH} \

@@ -136,12 +136,6 @@ def layout_supported(src: torch.Tensor, index: torch.Tensor) -> bool:
     return width is not None and (src.size(0) <= 1 or src.stride(0) >= width)
 
 
-def is_strided(src: torch.Tensor) -> bool:
-    """Rows packed but spaced further apart than their width (K/V slices of a fused QKV)."""
-    width = row_width(src)
-    return width is not None and src.size(0) > 1 and src.stride(0) != width
-
-
 class GatherRows(torch.autograd.Function):
     """out = launch(src, index); backward = zeros + index_add_ of the grad rows."""
 
@@ -182,15 +176,14 @@ def _needs_grad(*tensors: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
-def make_gather_rows(ext, *, strided_only: bool):
-    """A gather fn over ``ext``; unsupported inputs (and, if ``strided_only``, packed sources,
-    where torch's index_select is as fast) take torch's index_select."""
+def make_gather_rows(ext):
+    """A gather fn over ``ext``; inputs the kernel does not support take torch's index_select."""
 
     def launch(src, index):
         return ext.gather_rows(src, index)
 
     def gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-        if not supported(src, index) or (strided_only and not is_strided(src)):
+        if not supported(src, index):
             return src.index_select(0, index)
         if _needs_grad(src):
             return GatherRows.apply(src, index, launch)

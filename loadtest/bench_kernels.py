@@ -4,7 +4,8 @@ For the K/V shapes of Qwen3-0.6B/4B/8B (K and V each [N, Hkv*D], Hkv=8, D=128) a
 index (N' = N/2 rows gathered to N rows with repeats, laid out like groups of sequences sharing a
 prefix), times a device-to-device copy of the output size (the ceiling), torch.index_select,
 advanced indexing, torch.gather with an expanded index, and the custom kernel (single and pair),
-from packed K and from the strided K slice of a fused QKV output. Prints GB/s counting bytes
+from packed K/V (what the model runs: separate k_proj/v_proj outputs) and from the strided K/V
+slices of a fused QKV output. Prints GB/s counting bytes
 read + written (2 * rows_out * row_bytes per tensor) and the share of the copy ceiling.
 
 Invariant: figures on CPU are only a smoke test and are labelled "cpu, not meaningful".
@@ -87,6 +88,7 @@ def _methods(case: Case, device, dtype, ext):
     sets = max(1, -(-2 * l2 // max(1, case.rows_src * width * elem)))
     qkv = [torch.randn(case.rows_src, (h + 2 * hkv) * d, device=device, dtype=dtype) for _ in range(sets)]
     packed = [x[:, h * d:h * d + width].contiguous() for x in qkv]  # [N', Hkv*D]
+    packed_v = [x[:, h * d + width:].contiguous() for x in qkv]
     strided_k = [x[:, h * d:h * d + width] for x in qkv]  # row stride (H+2Hkv)*D
     strided_v = [x[:, h * d + width:] for x in qkv]
     full = [torch.randn(case.rows_out, width, device=device, dtype=dtype) for _ in range(sets)]
@@ -102,6 +104,10 @@ def _methods(case: Case, device, dtype, ext):
         i = nxt()
         return strided_k[i].index_select(0, index), strided_v[i].index_select(0, index)
 
+    def select_pair_packed():
+        i = nxt()
+        return packed[i].index_select(0, index), packed_v[i].index_select(0, index)
+
     out = [
         ("copy", "packed", 1, lambda: dst.copy_(full[nxt()])),
         ("index_select", "packed", 1, lambda: packed[nxt()].index_select(0, index)),
@@ -109,16 +115,22 @@ def _methods(case: Case, device, dtype, ext):
         ("torch.gather", "packed", 1, lambda: torch.gather(packed[nxt()], 0, expand)),
         ("index_select", "strided", 1, lambda: strided_k[nxt()].index_select(0, index)),
         ("index_select x2 (K,V)", "strided", 2, select_pair),
+        ("index_select x2 (K,V)", "packed", 2, select_pair_packed),
     ]
     if ext is not None:
         def kernel_pair():
             i = nxt()
             return ext.gather_rows_pair(strided_k[i], strided_v[i], index)
 
+        def kernel_pair_packed():
+            i = nxt()
+            return ext.gather_rows_pair(packed[i], packed_v[i], index)
+
         out += [
             ("kernel", "packed", 1, lambda: ext.gather_rows(packed[nxt()], index)),
             ("kernel", "strided", 1, lambda: ext.gather_rows(strided_k[nxt()], index)),
             ("kernel pair (K,V)", "strided", 2, kernel_pair),
+            ("kernel pair (K,V)", "packed", 2, kernel_pair_packed),
         ]
     if ext is not None:  # correctness before timing: the kernel must equal index_select
         for src in (packed[0], strided_k[0]):

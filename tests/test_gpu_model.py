@@ -18,7 +18,10 @@ GPU = pytest.mark.gpu
 # (device, backend) pairs: every backend on CUDA, the portable one on the CPU.
 BACKENDS = [pytest.param("cuda", name, marks=GPU, id=f"cuda-{name}")
             for name in ("flash-attn", "torch-varlen", "sdpa")] + [pytest.param("cpu", "sdpa", id="cpu-sdpa")]
-DEVICES = [pytest.param("cuda", marks=GPU), "cpu"]
+# (device, RADIXSERVE_GATHER_IMPL): on CUDA both torch's gathers (auto) and the custom kernel.
+DEVICES = [pytest.param("cuda", "auto", marks=GPU, id="cuda-torch-gather"),
+           pytest.param("cuda", "cuda", marks=GPU, id="cuda-kernel-gather"),
+           pytest.param("cpu", "auto", id="cpu")]
 # ||out - ref|| / ||ref|| bounds: bf16 operands land between 1e-3 and 1e-2, fp16 ~8x tighter.
 REL_TOL = {torch.bfloat16: 1.5e-2, torch.float16: 3e-3}
 
@@ -137,13 +140,15 @@ def gpu_fixture_dirs(fixture_root):
         pytest.skip(f"cannot build fixtures here ({exc}); set RADIXSERVE_FIXTURE_DIR")
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device,gather_impl", DEVICES)
 @pytest.mark.parametrize("kind", ["embedding", "reranker"])
 @pytest.mark.parametrize("mode", ["compact", "paper"])
-def test_model_bf16_radix_vs_off(gpu_fixture_dirs, kind, mode, device):
+def test_model_bf16_radix_vs_off(gpu_fixture_dirs, kind, mode, device, gather_impl, monkeypatch):
+    monkeypatch.setenv("RADIXSERVE_GATHER_IMPL", gather_impl)
     ids, cu = _batch()
     runner = _runner(gpu_fixture_dirs[kind], mode=mode, device=device)
     assert runner.device.type == device and runner.dtype == torch.bfloat16
+    assert runner.kernels.startswith("cuda gather kernel") == (gather_impl == "cuda")
     off = _outputs(runner, ids, cu, radix=False)
     radix = _outputs(runner, ids, cu, radix=True)
     ref = _outputs(_runner(gpu_fixture_dirs[kind], mode=mode, dtype=torch.float32, device=device),
@@ -157,11 +162,14 @@ def test_model_bf16_radix_vs_off(gpu_fixture_dirs, kind, mode, device):
 
 
 @GPU
+@pytest.mark.parametrize("gather_impl", ["auto", "cuda"])
 @pytest.mark.parametrize("mode", ["compact", "paper"])
-def test_model_forward_has_no_host_sync(gpu_fixture_dirs, mode):
+def test_model_forward_has_no_host_sync(gpu_fixture_dirs, mode, gather_impl, monkeypatch):
     from scheduler.radix import build_index, positions_from_cu_seqlens
 
+    monkeypatch.setenv("RADIXSERVE_GATHER_IMPL", gather_impl)
     runner = _runner(gpu_fixture_dirs["embedding"], mode=mode)
+    assert runner.kernels.startswith("cuda gather kernel") == (gather_impl == "cuda")
     ids, cu = _batch(seed=1)
     for radix in (False, True):
         index = build_index(ids, positions_from_cu_seqlens(cu), cu) if radix else None

@@ -59,7 +59,7 @@ def test_ref_equals_indexing(dtype, index_dtype, shape):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_ref_pair_on_strided_kv_views(dtype):
     k, v = _fused_kv(11, heads=4, kv_heads=2, head_dim=8, dtype=dtype)
-    assert not k.is_contiguous() and gather.is_strided(k)
+    assert not k.is_contiguous() and k.stride(0) > gather.row_width(k)
     index = _index(11, 20, torch.int32)
     ok, ov = kernels.ref_gather_rows_pair(k, v, index)
     assert torch.equal(ok, k[index.long()]) and torch.equal(ov, v[index.long()])
@@ -144,14 +144,12 @@ def _cpu_supported(src, index):
 def test_make_gather_rows_routing(monkeypatch):
     monkeypatch.setattr(gather, "supported", _cpu_supported)
     ext = _FakeExt()
-    auto = gather.make_gather_rows(ext, strided_only=True)
-    always = gather.make_gather_rows(ext, strided_only=False)
+    always = gather.make_gather_rows(ext)
     index = _index(6, 8, torch.int32)
     packed = torch.randn(6, 4)
     k, _ = _fused_kv(6, heads=2, kv_heads=1, head_dim=4, dtype=torch.float32)
-    assert torch.equal(auto(packed, index), packed[index.long()]) and ext.calls == []
-    assert torch.equal(auto(k, index), k[index.long()]) and ext.calls == ["single"]
-    assert torch.equal(always(packed, index), packed[index.long()]) and ext.calls[-1] == "single"
+    assert torch.equal(always(packed, index), packed[index.long()]) and ext.calls == ["single"]
+    assert torch.equal(always(k, index), k[index.long()]) and ext.calls == ["single"] * 2
     # float64 is not a kernel dtype: torch takes it
     n = len(ext.calls)
     always(packed.double(), index)
@@ -168,9 +166,9 @@ def test_make_gather_rows_routing(monkeypatch):
 
 def test_layout_helpers():
     k, _ = _fused_kv(5, heads=2, kv_heads=1, head_dim=4, dtype=torch.float16)
-    assert gather.row_width(k) == 4 and gather.is_strided(k)
+    assert gather.row_width(k) == 4 and k.stride(0) == 16  # rows of the fused [N, (2+2)*4]
     x = torch.randn(5, 6)
-    assert gather.row_width(x) == 6 and not gather.is_strided(x)
+    assert gather.row_width(x) == 6
     assert gather.row_width(x.t()) is None  # columns are not rows
     assert not gather.supported(x, torch.zeros(2, dtype=torch.int64))  # CPU tensors: torch
 
@@ -201,11 +199,15 @@ def test_disable_kernels_forces_ref(monkeypatch):
 
 def test_impl_setting_selects_kernel(monkeypatch):
     ext = _FakeExt()
+    # auto: torch's index_select, and the extension is not even loaded (unmeasured on a GPU)
+    monkeypatch.setattr(gather, "load_extension", lambda: pytest.fail("auto must not build"))
+    assert kernels.get_gather_rows("cuda") is kernels.ref_gather_rows
+    assert kernels.get_gather_rows_pair("cuda") is kernels.ref_gather_rows_pair
+    assert kernels.describe("cuda").startswith("torch index_select (RADIXSERVE_GATHER_IMPL=auto")
     monkeypatch.setattr(gather, "load_extension", lambda: ext)
-    assert kernels.describe("cuda").startswith("cuda gather kernel for K/V pairs and strided rows")
+    monkeypatch.setenv("RADIXSERVE_GATHER_IMPL", "cuda")
     assert kernels.get_gather_rows("cuda") is not kernels.ref_gather_rows
     assert kernels.get_gather_rows_pair("cuda") is not kernels.ref_gather_rows_pair
-    monkeypatch.setenv("RADIXSERVE_GATHER_IMPL", "cuda")
     assert kernels.describe("cuda") == "cuda gather kernel (RADIXSERVE_GATHER_IMPL=cuda)"
     monkeypatch.setenv("RADIXSERVE_GATHER_IMPL", "fast")
     with pytest.raises(ValueError, match="RADIXSERVE_GATHER_IMPL"):
@@ -230,6 +232,7 @@ def test_build_failure_falls_back_once(monkeypatch, caplog, tmp_path):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(cpp_extension, "load", failing_load)
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "rs_ext_test"))
+    monkeypatch.setenv("RADIXSERVE_GATHER_IMPL", "cuda")  # auto never builds
     with caplog.at_level(logging.WARNING, logger="kernels.gather"):
         assert kernels.get_gather_rows("cuda") is kernels.ref_gather_rows
         assert kernels.get_gather_rows_pair("cuda") is kernels.ref_gather_rows_pair

@@ -26,7 +26,7 @@ class _RecordingExt:
 def test_non_contiguous_index_takes_index_select(monkeypatch):
     monkeypatch.setattr(gather, "supported", gather.layout_supported)  # CPU stands in for CUDA
     ext = _RecordingExt()
-    single = gather.make_gather_rows(ext, strided_only=False)
+    single = gather.make_gather_rows(ext)
     pair = gather.make_gather_rows_pair(ext)
     src = torch.randn(6, 4, generator=torch.Generator().manual_seed(0))
     index = torch.randint(0, 6, (16,), generator=torch.Generator().manual_seed(1))[::2]
