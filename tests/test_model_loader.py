@@ -108,3 +108,30 @@ def test_kind_pooling_prompts_detection(tiny_embedding_dir, tiny_reranker_dir):
     assert rr.kind == "reranker"
     assert rr.tokenizer.decode([rr.yes_id]) == "yes" and rr.tokenizer.decode([rr.no_id]) == "no"
     assert load_runner(str(tiny_reranker_dir), device="cpu", kind="embedding").kind == "embedding"
+
+
+def test_bf16_stored_checkpoint_runs_in_fp32_like_transformers(tiny_embedding_dir, tmp_path):
+    """Hub Qwen3 checkpoints are stored in bfloat16; on CPU we compute in float32.
+
+    Oracle: transformers loading the same bf16 file with dtype=float32, each sequence alone.
+    """
+    from transformers import AutoModel
+
+    def bf16_config(c):
+        c["torch_dtype"] = "bfloat16"
+        c.pop("dtype", None)
+        return c
+
+    d = _variant(tiny_embedding_dir, tmp_path / "bf16", rename=lambda k: k, config=bf16_config)
+    tensors = load_file(str(d / "model.safetensors"))
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()},
+              str(d / "model.safetensors"))
+    assert {t.dtype for t in load_file(str(d / "model.safetensors")).values()} == {torch.bfloat16}
+    got = _embed(d)
+    hf = AutoModel.from_pretrained(str(d), dtype=torch.float32).eval()
+    with torch.no_grad():
+        want = torch.stack([hf(input_ids=torch.tensor([s])).last_hidden_state[0, -1] for s in SEQS])
+    assert got.dtype == torch.float32
+    assert (got - want).abs().max().item() < 1e-4
+    # the weights really changed: bf16 rounding moves the embeddings off the fp32 fixture's
+    assert (got - _embed(tiny_embedding_dir)).abs().max().item() > 1e-4
