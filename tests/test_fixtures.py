@@ -269,6 +269,28 @@ def test_same_seed_same_bytes(tmp_path):
         fixtures.build(a, "tiny-reranker", layers=1)
 
 
+def test_bf16_checkpoint_is_the_fp32_one_rounded(tmp_path):
+    """--dtype bfloat16 stores what the hub stores; values are the fp32 fixture's, rounded."""
+    fp32 = fixtures.build(tmp_path / "fp32", "tiny-reranker", layers=1, seed=5)
+    assert fixtures_cli([str(tmp_path / "bf16"), "--preset", "tiny-reranker", "--layers", "1",
+                         "--seed", "5", "--dtype", "bfloat16", "--shards", "2"]) == 0
+    bf16 = tmp_path / "bf16"
+    assert json.loads((bf16 / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    assert json.loads((fp32 / "config.json").read_text())["torch_dtype"] == "float32"
+    index = json.loads((bf16 / weights.INDEX_FILE).read_text())
+    stored, total = {}, 0
+    for f in sorted(set(index["weight_map"].values())):
+        stored.update(load_file(str(bf16 / f)))
+    total = sum(t.numel() * t.element_size() for t in stored.values())
+    assert index["metadata"]["total_size"] == total
+    want = load_file(str(fp32 / "model.safetensors"))
+    assert set(stored) == set(want)
+    for k, t in stored.items():
+        assert t.dtype == torch.bfloat16 and torch.equal(t, want[k].to(torch.bfloat16)), k
+    with pytest.raises(ValueError, match="fixture dtype"):
+        fixtures.build(tmp_path / "f64", "tiny-reranker", layers=1, dtype="float64")
+
+
 def test_cached_concurrent_builders_share_one_directory(tmp_path):
     root = tmp_path / "root"
     results, errors = [], []
@@ -299,8 +321,9 @@ def test_cache_key_separates_variants(monkeypatch):
         fixtures.cache_key("tiny-embedding", layers=1),
         fixtures.cache_key("tiny-embedding", seed=1),
         fixtures.cache_key("tiny-embedding", shards=2),
+        fixtures.cache_key("tiny-embedding", dtype="bfloat16"),
     }
-    assert len(keys) == 5 and all(fixtures.FIXTURE_VERSION in k for k in keys)
+    assert len(keys) == 6 and all(fixtures.FIXTURE_VERSION in k for k in keys)
     monkeypatch.setattr("models.fixtures.checkpoint.FIXTURE_VERSION", "fx-other")
     assert fixtures.cache_key("tiny-embedding") not in keys
     monkeypatch.setenv("RADIXSERVE_FIXTURE_DIR", "/some/where")
