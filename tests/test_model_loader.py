@@ -122,7 +122,7 @@ def test_bf16_stored_checkpoint_runs_in_fp32_like_transformers(tiny_embedding_di
         c.pop("dtype", None)
         return c
 
-    d = _variant(tiny_embedding_dir, tmp_path / "bf16", rename=lambda k: k, config=bf16_config)
+    d = _variant(tiny_embedding_dir, tmp_path / "bf16", config=bf16_config)
     tensors = load_file(str(d / "model.safetensors"))
     save_file({k: v.to(torch.bfloat16).contiguous() for k, v in tensors.items()},
               str(d / "model.safetensors"))
