@@ -278,7 +278,7 @@ def test_bf16_checkpoint_is_the_fp32_one_rounded(tmp_path):
     assert json.loads((bf16 / "config.json").read_text())["torch_dtype"] == "bfloat16"
     assert json.loads((fp32 / "config.json").read_text())["torch_dtype"] == "float32"
     index = json.loads((bf16 / weights.INDEX_FILE).read_text())
-    stored, total = {}, 0
+    stored = {}
     for f in sorted(set(index["weight_map"].values())):
         stored.update(load_file(str(bf16 / f)))
     total = sum(t.numel() * t.element_size() for t in stored.values())
