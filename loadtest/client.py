@@ -9,6 +9,7 @@ measured requests.
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 import time
 from collections import Counter
@@ -76,6 +77,12 @@ async def _scrape(client: httpx.AsyncClient, url: str) -> scrape.Snapshot | None
 PROGRESS_INTERVAL_S = 1.0  # how often a --duration run redraws its status line
 
 
+def _clock(seconds: float, *, up: bool = False) -> str:
+    """M:SS, rounded down (elapsed) or up (`up`: time left, so 0:00 means done)."""
+    s = math.ceil(seconds) if up else math.floor(seconds)
+    return f"{s // 60}:{s % 60:02d}"
+
+
 class _Progress:
     """Progress on stderr, drawn only when stderr is a terminal (logs and pipes stay clean).
 
@@ -112,7 +119,7 @@ class _Progress:
         if self.duration is not None:
             elapsed = time.perf_counter() - self.start
             left = max(0.0, self.duration - elapsed)
-            line = f"{elapsed:.0f}s / {self.duration:g}s, {left:.0f}s left, " + line
+            line = f"{_clock(elapsed)} / {_clock(self.duration, up=True)}, {_clock(left, up=True)} left, " + line
         # Pad to the previous width so a shorter line leaves no stale characters behind.
         self.width = max(self.width, len(line))
         print("\r" + line.ljust(self.width), end="", file=self.stream, flush=True)

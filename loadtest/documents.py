@@ -3,7 +3,8 @@
 The dataset's passages, in dataset order, form one stream of words (split on whitespace). Documents
 are consecutive slices of that stream, each of a length drawn from `doc_words`; the tail too short
 for the next document is dropped. Each document is cut, in order, into chunks of lengths drawn from
-`chunk_words`; the last chunk takes what is left, so it may be shorter than the minimum.
+`chunk_words`; a remainder shorter than the minimum joins the last chunk (so no chunk is a stray
+word or two; the last one may reach MAX + MIN - 1 words).
 
 Invariants the workload relies on: every chunk is a verbatim substring of its document, a
 document's chunks joined by single spaces give the document back, and the result depends only on
@@ -31,7 +32,7 @@ def _check(name: str, r: tuple[int, int]) -> None:
 @dataclass(frozen=True)
 class Chunking:
     doc_words: tuple[int, int] = DOC_WORDS  # words per document, inclusive
-    chunk_words: tuple[int, int] = CHUNK_WORDS  # words per chunk, inclusive (the last may be shorter)
+    chunk_words: tuple[int, int] = CHUNK_WORDS  # words per chunk, inclusive (the last may be longer)
 
     def __post_init__(self) -> None:
         _check("doc_words", self.doc_words)
@@ -54,7 +55,9 @@ def documents(dataset: Dataset, *, chunking: Chunking = Chunking(), seed: int = 
         doc = words[start : start + target]
         chunks, i = [], 0
         while i < len(doc):
-            j = min(len(doc), i + rng.randint(*chunking.chunk_words))
+            j = i + rng.randint(*chunking.chunk_words)
+            if len(doc) - j < chunking.chunk_words[0]:  # too little left for a chunk of its own
+                j = len(doc)
             chunks.append(" ".join(doc[i:j]))
             i = j
         out.append((" ".join(doc), chunks))
