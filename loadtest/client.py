@@ -90,8 +90,8 @@ class _Progress:
     time left, requests done, errors); other runs get tqdm when installed, else the same line
     without the time (at most every 0.5 s)."""
 
-    def __init__(self, enabled: bool, *, total: int | None, duration: float | None, stream=None):
-        self.stream = stream if stream is not None else sys.stderr
+    def __init__(self, enabled: bool, *, total: int | None, duration: float | None):
+        self.stream = sys.stderr  # looked up per run, so a test can swap it
         self.enabled = enabled and bool(getattr(self.stream, "isatty", lambda: False)())
         self.total, self.duration = total, duration
         self.bar, self.n, self.errors, self.last, self.width = None, 0, 0, 0.0, 0
