@@ -5,6 +5,8 @@
       --server "off: --radix-mlp-threshold 0" --server "compact: --radix-mlp-threshold 1" --baseline
   radixserve-loadtest compare --model-id DIR --workload rerank --batch-size 4 --order interleave:8 \
       --concurrency 8 --server "fifo: --batching-policy fifo" --server "prefix: --batching-policy prefix"
+  radixserve-loadtest compare --model-id DIR --workload embed-chunks --concurrency 1 --ports 8000-8010 \
+      --server "cache-off: --prefix-cache-size 0" --server "cache-on@8020: "
   radixserve-loadtest dataset --source synthetic --query-words 80,160 --out long-queries.jsonl
 
 Every report names its data source; synthetic data is labelled "synthetic" wherever it appears.
@@ -17,8 +19,8 @@ import sys
 import threading
 from pathlib import Path
 
-from loadtest import datasets, report, workloads
-from loadtest.client import RunConfig
+from loadtest import datasets, documents, report, workloads
+from loadtest.client import RunConfig, TargetDown
 
 
 def _warn(msg: str) -> None:
@@ -58,6 +60,15 @@ def _word_range(text: str) -> tuple[int, int]:
     return (lo, hi)
 
 
+def _ports(text: str) -> tuple[int, int]:
+    from loadtest import compare
+
+    try:
+        return compare.parse_ports(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from e
+
+
 def _order(text: str) -> workloads.Order:
     try:
         return workloads.parse_order(text)
@@ -89,6 +100,10 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--order", type=_order, default=workloads.Order(), metavar="grouped|shuffled|interleave:K",
                    help="request order: grouped (dataset order, default), shuffled (seeded by --seed), or "
                         "interleave:K (K users, each one query at a time, merged round-robin)")
+    g.add_argument("--doc-words", type=_word_range, default=documents.DOC_WORDS, metavar="MIN,MAX",
+                   help="embed-chunks: words per document (default {},{})".format(*documents.DOC_WORDS))
+    g.add_argument("--chunk-words", type=_word_range, default=documents.CHUNK_WORDS, metavar="MIN,MAX",
+                   help="embed-chunks: words per chunk (default {},{})".format(*documents.CHUNK_WORDS))
     g.add_argument("--instruction", default=workloads.DEFAULT_INSTRUCTION)
     g.add_argument("--model", default=None, help="'model' field of /v1/embeddings bodies")
     g.add_argument("--concurrency", type=_positive_int, default=8, help="requests in flight")
@@ -98,7 +113,10 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--warmup", type=_non_negative_int, default=2, help="unmeasured requests first")
     g.add_argument("--timeout", type=_positive_float, default=120.0, help="per-request timeout (s)")
     g.add_argument("--api-key", default=None)
-    g.add_argument("--no-progress", action="store_true")
+    g.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true",
+                   help="no progress line (it is drawn only when stderr is a terminal anyway)")
+    g.add_argument("--title", default=None,
+                   help="report and plot title (the plot adds the data source to it)")
     g.add_argument("--out", default=None, help="directory for report.json, report.md and report.png")
 
 
@@ -119,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--model-id", default=None, help="checkpoint directory for started servers")
     c.add_argument("--server-cmd", default=None, help="radixserve command (default: radixserve or python -m server.cli)")
     c.add_argument("--startup-timeout", type=_positive_float, default=300.0, help="seconds to wait for /health")
+    c.add_argument("--ports", type=_ports, default=None, metavar="PORT|LO-HI",
+                   help="loopback ports for started servers without their own NAME@PORTS (default: any free)")
     _add_load_args(c)
 
     d = sub.add_parser("dataset", help="write the chosen data set as MS MARCO-schema JSONL")
@@ -139,16 +159,20 @@ def _dataset(a) -> datasets.Dataset:
 def _load(a) -> tuple[datasets.Dataset, list[workloads.Request]]:
     ds = _dataset(a)
     reqs = workloads.build_requests(ds, a.workload, batch_size=a.batch_size, instruction=a.instruction,
-                                    model=a.model, order=a.order, seed=a.seed)
+                                    model=a.model, order=a.order, seed=a.seed, chunking=_chunking(a))
     n_items = sum(r.items for r in reqs)
     print(f"data: {ds.source}, {len(ds.samples)} queries, {len(reqs)} {a.workload} requests "
           f"({_order_label(a)}), {n_items} items", file=sys.stderr)
     return ds, reqs
 
 
+def _chunking(a) -> documents.Chunking:
+    return documents.Chunking(doc_words=a.doc_words, chunk_words=a.chunk_words)
+
+
 def _run_config(a, url: str) -> RunConfig:
     return RunConfig(url=url, concurrency=a.concurrency, requests=a.requests, duration=a.duration,
-                     warmup=a.warmup, timeout=a.timeout, progress=not a.no_progress, api_key=a.api_key)
+                     warmup=a.warmup, timeout=a.timeout, progress=not a.quiet, api_key=a.api_key)
 
 
 def _order_label(a) -> str:
@@ -158,13 +182,18 @@ def _order_label(a) -> str:
 
 def _meta(a, ds: datasets.Dataset, **extra) -> dict:
     """The workload section of a report. batch_size is the effective one: None for rerank's
-    default (all passages of a query per request)."""
-    batch = a.batch_size if a.workload == "rerank" else (a.batch_size or workloads.EMBED_BATCH_SIZE)
+    default (all passages of a query per request), 1 for the one-item workloads."""
+    if a.workload in workloads.ONE_ITEM:
+        batch = 1
+    else:
+        batch = a.batch_size if a.workload == "rerank" else (a.batch_size or workloads.EMBED_BATCH_SIZE)
+    shape = {"chunking": _chunking(a).label()} if a.workload == "embed-chunks" else {}
     return {"workload": a.workload, "source": ds.source, "order": _order_label(a), "concurrency": a.concurrency,
-            "batch_size": batch, "requests": a.requests, "duration": a.duration, **extra}
+            "batch_size": batch, **shape, "requests": a.requests, "duration": a.duration, **extra}
 
 
 def _emit(summaries: list[dict], a, *, title: str) -> None:
+    title = a.title or title
     print(report.markdown(summaries, title=title))
     if a.out:
         from loadtest import plot
@@ -177,6 +206,7 @@ def _emit(summaries: list[dict], a, *, title: str) -> None:
 def cmd_run(a) -> int:
     from loadtest import client
 
+    client.probe(a.url)  # a dead URL fails here, not as a run of connection errors
     ds, reqs = _load(a)
     res = client.run(reqs, _run_config(a, a.url))
     s = report.summarize(res, name=a.name or a.url, meta=_meta(a, ds, url=a.url))
@@ -185,18 +215,21 @@ def cmd_run(a) -> int:
 
 
 def cmd_compare(a) -> int:
-    from loadtest import compare
+    from loadtest import client, compare
 
     targets = [compare.parse_target(t) for t in a.target] + [compare.parse_server(s) for s in a.server]
     if a.baseline:
         targets.append(compare.Target(name="baseline", baseline=True))
     if not targets:
         raise SystemExit("compare: give at least one --target, --server or --baseline")
+    for t in targets:  # running targets must answer before any server is started
+        if not t.managed:
+            client.probe(t.url)
     ds, reqs = _load(a)
     log_dir = Path(a.out) if a.out else Path(".")
     results = compare.run_targets(
         targets, reqs, _run_config(a, "http://127.0.0.1"), model_id=a.model_id, server_cmd=a.server_cmd,
-        log_dir=log_dir, startup_timeout=a.startup_timeout,
+        log_dir=log_dir, startup_timeout=a.startup_timeout, ports=a.ports,
     )
     summaries = [
         report.summarize(res, name=t.name, meta=_meta(a, ds, target=t.url or " ".join(
@@ -225,7 +258,7 @@ def main(argv=None) -> int:
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main else None
     try:
         return {"run": cmd_run, "compare": cmd_compare, "dataset": cmd_dataset}[a.cmd](a)
-    except (datasets.DatasetError, ValueError) as e:
+    except (datasets.DatasetError, ValueError, TargetDown) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     finally:

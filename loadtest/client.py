@@ -9,6 +9,7 @@ measured requests.
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 import time
 from collections import Counter
@@ -73,33 +74,90 @@ async def _scrape(client: httpx.AsyncClient, url: str) -> scrape.Snapshot | None
         return None
 
 
-class _Progress:
-    """tqdm when installed, else a single rewritten stderr line (at most every 0.5 s)."""
+PROGRESS_INTERVAL_S = 1.0  # how often a --duration run redraws its status line
 
-    def __init__(self, enabled: bool, total: int | None):
-        self.bar, self.enabled, self.n, self.last = None, enabled, 0, 0.0
-        if enabled:
+
+def _clock(seconds: float, *, up: bool = False) -> str:
+    """M:SS, rounded down (elapsed) or up (`up`: time left, so 0:00 means done)."""
+    s = math.ceil(seconds) if up else math.floor(seconds)
+    return f"{s // 60}:{s % 60:02d}"
+
+
+class _Progress:
+    """Progress on stderr, drawn only when stderr is a terminal (logs and pipes stay clean).
+
+    Runs with a duration get a status line redrawn every PROGRESS_INTERVAL_S by `tick` (elapsed,
+    time left, requests done, errors); other runs get tqdm when installed, else the same line
+    without the time (at most every 0.5 s)."""
+
+    def __init__(self, enabled: bool, *, total: int | None, duration: float | None):
+        self.stream = sys.stderr  # looked up per run, so a test can swap it
+        self.enabled = enabled and bool(getattr(self.stream, "isatty", lambda: False)())
+        self.total, self.duration = total, duration
+        self.bar, self.n, self.errors, self.last, self.width = None, 0, 0, 0.0, 0
+        self.start = time.perf_counter()
+        if self.enabled and duration is None:
             try:
                 from tqdm import tqdm
 
-                self.bar = tqdm(total=total, unit="req", file=sys.stderr, leave=False)
+                self.bar = tqdm(total=total, unit="req", file=self.stream, leave=False)
             except ImportError:
                 pass
 
     def update(self, errors: int) -> None:
-        self.n += 1
+        self.n, self.errors = self.n + 1, errors
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(errors=errors, refresh=False)
-        elif self.enabled and time.perf_counter() - self.last > 0.5:
+        elif self.enabled and self.duration is None and time.perf_counter() - self.last > 0.5:
             self.last = time.perf_counter()
-            print(f"\r{self.n} requests, {errors} errors", end="", file=sys.stderr, flush=True)
+            self._draw()
+
+    def _draw(self) -> None:
+        done = f"{self.n}/{self.total}" if self.total is not None else str(self.n)
+        line = f"{done} requests, {self.errors} errors"
+        if self.duration is not None:
+            elapsed = time.perf_counter() - self.start
+            left = max(0.0, self.duration - elapsed)
+            line = f"{_clock(elapsed)} / {_clock(self.duration, up=True)}, {_clock(left, up=True)} left, " + line
+        # Pad to the previous width so a shorter line leaves no stale characters behind.
+        self.width = max(self.width, len(line))
+        print("\r" + line.ljust(self.width), end="", file=self.stream, flush=True)
+
+    async def tick(self) -> None:
+        """Redraw every PROGRESS_INTERVAL_S until cancelled (duration runs only)."""
+        if not (self.enabled and self.duration is not None):
+            return
+        while True:
+            self._draw()
+            await asyncio.sleep(PROGRESS_INTERVAL_S)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
         elif self.enabled:
-            print(file=sys.stderr)
+            self._draw()
+            print(file=self.stream)
+
+
+class TargetDown(RuntimeError):
+    """Nothing usable answers at a target URL (the message says what was tried)."""
+
+
+def probe(url: str, *, timeout: float = 5.0) -> None:
+    """One GET /health before a run: raise TargetDown when nothing answers HTTP at `url` (refused,
+    unreachable, timed out) or it answers 5xx (a server whose worker is down). Any other status
+    counts as alive: a peer without /health answers 404, one behind auth may answer 401."""
+    url = check_url(url)
+    try:
+        r = httpx.get(url + "/health", timeout=timeout)
+    except httpx.TimeoutException:
+        raise TargetDown(f"no answer from {url} within {timeout:g} s (GET /health); is the server up?") from None
+    except httpx.TransportError as e:
+        raise TargetDown(f"nothing answers at {url} ({type(e).__name__}: {e}); start the server there "
+                         "or fix the URL") from None
+    if r.status_code >= 500:
+        raise TargetDown(f"{url} answers but is not healthy: GET /health -> HTTP {r.status_code}")
 
 
 async def run_async(requests: list[Request], cfg: RunConfig) -> RunResult:
@@ -120,8 +178,9 @@ async def run_async(requests: list[Request], cfg: RunConfig) -> RunResult:
             except httpx.HTTPError:
                 pass
         before = await _scrape(client, url)
-        progress = _Progress(cfg.progress, limit)
-        start = time.perf_counter()
+        progress = _Progress(cfg.progress, total=limit, duration=cfg.duration)
+        ticker = asyncio.create_task(progress.tick())
+        start = progress.start = time.perf_counter()
         deadline = start + cfg.duration if cfg.duration else None
         counter = iter(range(sys.maxsize))
 
@@ -157,6 +216,8 @@ async def run_async(requests: list[Request], cfg: RunConfig) -> RunResult:
             await asyncio.gather(*(worker() for _ in range(cfg.concurrency)))
         finally:
             res.wall_s = time.perf_counter() - start
+            ticker.cancel()
+            await asyncio.gather(ticker, return_exceptions=True)
             progress.close()
         after = await _scrape(client, url)
     res.metrics = scrape.delta(before, after)

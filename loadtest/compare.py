@@ -3,8 +3,9 @@
 A target is a URL (`NAME=http://127.0.0.1:8080`) or a server this module starts itself:
 `NAME: FLAGS` starts `radixserve --model-id DIR --hostname 127.0.0.1 --port P FLAGS`, and
 `NAME:@baseline [FLAGS]` starts the transformers peer (`python -m loadtest.baseline`). Started
-servers get a free loopback port, must answer GET /health before the run, and are stopped (and
-only they) right after their own run, so targets never compete for the CPU/GPU.
+servers get a free loopback port (any, or the first free one of `NAME@PORT` / `NAME@LO-HI`, for
+hosts where only some ports may be opened), must answer GET /health before the run, and are
+stopped (and only they) right after their own run, so targets never compete for the CPU/GPU.
 """
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class Target:
     url: str | None = None  # set for a running server
     flags: tuple[str, ...] = ()  # for a server we start
     baseline: bool = False
+    ports: tuple[int, int] | None = None  # inclusive range to pick a started server's port from
 
     @property
     def managed(self) -> bool:
@@ -44,11 +46,26 @@ def parse_target(spec: str) -> Target:
     return Target(name=name.strip(), url=client.check_url(url.strip()))
 
 
+def parse_ports(text: str) -> tuple[int, int]:
+    """`PORT` or `LO-HI` (inclusive, 1 <= LO <= HI <= 65535) -> (LO, HI)."""
+    lo, _, hi = text.strip().partition("-")
+    try:
+        r = (int(lo), int(hi or lo))
+    except ValueError:
+        r = (0, 0)
+    if not 1 <= r[0] <= r[1] <= 65535:
+        raise ValueError(f"ports must be PORT or LO-HI with 1 <= LO <= HI <= 65535, got {text!r}")
+    return r
+
+
 def parse_server(spec: str) -> Target:
-    """`NAME: FLAGS` (radixserve with FLAGS) or `NAME:@baseline [FLAGS]` (the peer baseline)."""
-    name, sep, rest = spec.partition(":")
+    """`NAME[@PORTS]: FLAGS` (radixserve with FLAGS) or `NAME[@PORTS]:@baseline [FLAGS]` (the peer
+    baseline); PORTS is `PORT` or `LO-HI` (see `parse_ports`)."""
+    head, sep, rest = spec.partition(":")
+    name, at, port_spec = head.partition("@")
     if not sep or not name.strip():
-        raise ValueError(f"--server wants 'NAME: FLAGS' or 'NAME:@baseline', got {spec!r}")
+        raise ValueError(f"--server wants 'NAME[@PORT|@LO-HI]: FLAGS' or 'NAME:@baseline', got {spec!r}")
+    ports = parse_ports(port_spec) if at else None
     flags = shlex.split(rest)
     baseline = bool(flags) and flags[0] == BASELINE
     if baseline:
@@ -56,7 +73,7 @@ def parse_server(spec: str) -> Target:
     for f in flags:
         if f in ("--port", "--model-id", "--hostname") or f.startswith(("--port=", "--model-id=", "--hostname=")):
             raise ValueError(f"--server flags must not set {f.split('=')[0]}: compare chooses it")
-    return Target(name=name.strip(), flags=tuple(flags), baseline=baseline)
+    return Target(name=name.strip(), flags=tuple(flags), baseline=baseline, ports=ports)
 
 
 def log_name(name: str) -> str:
@@ -68,6 +85,30 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _can_bind(port: int) -> bool:
+    # SO_REUSEADDR as uvicorn sets it: a port whose last server left TIME_WAIT connections is
+    # usable again, one that something listens on is not.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def pick_port(ports: tuple[int, int] | None) -> int:
+    """Any free loopback port (None), else the first free one of the inclusive range; RuntimeError
+    when none is. Targets run one after another, so they may share a range, even a single port."""
+    if ports is None:
+        return free_port()
+    lo, hi = ports
+    for port in range(lo, hi + 1):  # bounded: at most 65535 bind attempts
+        if _can_bind(port):
+            return port
+    raise RuntimeError(f"no free port on 127.0.0.1 in {lo}-{hi}")
 
 
 def server_command(target: Target, *, model_id: str, port: int, server_cmd: str | None = None) -> list[str]:
@@ -138,8 +179,10 @@ def run_targets(
     log_dir: Path = Path("."),
     startup_timeout: float = 300.0,
     on_result=None,
+    ports: tuple[int, int] | None = None,
 ) -> list[tuple[Target, client.RunResult]]:
-    """Run `requests` against each target in turn with the same client settings."""
+    """Run `requests` against each target in turn with the same client settings. `ports` is the
+    range for started servers that name none of their own (None: any free port)."""
     if not targets:
         raise ValueError("compare needs at least one target")
     if any(t.managed for t in targets) and not model_id:
@@ -150,7 +193,7 @@ def run_targets(
     out = []
     for t in targets:
         if t.managed:
-            port = free_port()
+            port = pick_port(t.ports or ports)
             argv = server_command(t, model_id=model_id, port=port, server_cmd=server_cmd)
             print(f"[{t.name}] starting: {shlex.join(argv)}", file=sys.stderr)
             with ManagedServer(argv, port=port, log_path=log_dir / log_name(t.name),

@@ -210,6 +210,20 @@ def write_jsonl(ds: Dataset, path: str | Path) -> Path:
     return path
 
 
+def describe(label: str) -> str:
+    """A source label in words for titles: `synthetic (seed 0, query_words 80-160)`,
+    `MS MARCO v1.1 (hub, validation)`, `file d.jsonl (MS MARCO schema)`; unknown labels as given.
+    Synthetic data always says "synthetic"."""
+    if label.startswith("synthetic(") and label.endswith(")"):
+        return "synthetic (" + ", ".join(p.replace("=", " ", 1) for p in label[10:-1].split(",")) + ")"
+    if label.startswith("msmarco-hf:"):
+        version, _, split = label[len("msmarco-hf:"):].partition("/")
+        return f"MS MARCO {version} (hub, {split})"
+    if label.startswith("file:"):
+        return f"file {label[5:]} (MS MARCO schema)"
+    return label
+
+
 # ---------------------------------------------------------------- entry point
 
 

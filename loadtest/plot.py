@@ -1,10 +1,26 @@
 """PNG of one or more runs: latency CDF per run (left) and items/s bars (right).
 
+The figure title always names the data source (`datasets.describe`), also under a caller's title,
+so a plot of synthetic data can never pass for one of MS MARCO.
+
 Uses matplotlib's Agg backend (no display); imported lazily so the client works without it.
 """
 from __future__ import annotations
 
 from pathlib import Path
+
+from loadtest.datasets import describe
+
+
+def figure_title(summaries: list[dict], title: str | None = None) -> str:
+    """`TITLE — SOURCE` (TITLE defaults to the workload); the source is left out only when the
+    title already spells it."""
+    sources = list(dict.fromkeys(str(s["source"]) for s in summaries if s.get("source")))
+    src = " + ".join(describe(x) for x in sources) or "source unknown"
+    head = title or " / ".join(dict.fromkeys(str(s["workload"]) for s in summaries if s.get("workload")))
+    if not head:
+        return src
+    return head if src in head else f"{head} — {src}"
 
 
 def plot(summaries: list[dict], path: str | Path, *, title: str | None = None) -> Path:
@@ -44,9 +60,7 @@ def plot(summaries: list[dict], path: str | Path, *, title: str | None = None) -
         label = f"{b.get_height():.1f}" + (f"\nN'/N {ratio:.2f}" if ratio is not None else "")
         ax_bar.annotate(label, (b.get_x() + b.get_width() / 2, b.get_height()), ha="center",
                         va="bottom", fontsize=8)
-    src = summaries[0].get("source") if summaries else None
-    wl = summaries[0].get("workload") if summaries else None
-    fig.suptitle(title or " / ".join(str(x) for x in (wl, src) if x))
+    fig.suptitle(figure_title(summaries, title))
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -95,7 +95,7 @@ def markdown(summaries: list[dict], *, title: str = "radixserve load test") -> s
     """A Markdown table of the runs (plus speedups vs the first when there are several)."""
     first = summaries[0]
     lines = [f"# {title}", ""]
-    for key in ("workload", "source", "order", "concurrency", "batch_size", "requests", "duration"):
+    for key in ("workload", "source", "order", "concurrency", "batch_size", "chunking", "requests", "duration"):
         if key in first and first[key] is not None:
             lines.append(f"- {key}: {first[key]}")
     lines += [

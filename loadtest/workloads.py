@@ -9,6 +9,18 @@
   instruction are shared, the worst case for prefix deduplication.
 - `embed`: the bare passages to /v1/embeddings.
 
+Prefix-cache workloads, one item per request (light load is where a cross-batch cache pays):
+- `rerank-pointwise`: POST /rerank {query, texts: [passage]}, one pair per request; the server
+  applies the reranker template, so consecutive requests of a query share template + query.
+- `embed-query`: POST /embed {inputs: [query prompt + query]}, one query per request, with
+  Qwen3-Embedding's query prompt `Instruct: {instruction}\nQuery:` prepended by the client. The
+  server's `prompt_name: "query"` prepends the same text (prompt + input, no separator), so the
+  tokens are identical, and peers without named prompts (the transformers baseline) do the same work.
+- `embed-chunks`: long documents cut into chunks (`loadtest.documents`; word ranges in `Chunking`),
+  one chunk per /v1/embeddings request as `document + CHUNK_SEPARATOR + chunk`. Documents are the
+  dataset's passages packed in order; requests go document by document, so consecutive requests
+  share the whole document as their prefix.
+
 Orders (`Order`, parsed from `grouped | shuffled | interleave:K`):
 - `grouped` (default): dataset order; /v1/embeddings requests are cut from the flat stream of all
   items, so one request may span two queries.
@@ -16,6 +28,7 @@ Orders (`Order`, parsed from `grouped | shuffled | interleave:K`):
 - `interleave:K`: K users; user u works through queries u, u+K, u+2K, ... one at a time, sending
   that query's requests in order (cut per query: a request never mixes queries); the K streams are
   merged round-robin (step t: user 0's t-th request, user 1's, ..., skipping exhausted users).
+  For `embed-chunks` a "query" is a document: its chunk requests stay in order within each user.
 Every order is deterministic and carries every item exactly once; the client cycles through it.
 """
 from __future__ import annotations
@@ -25,8 +38,10 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from loadtest.datasets import Dataset
+from loadtest.documents import Chunking, documents
 
-WORKLOADS = ("rerank", "embed-template", "flipped", "embed")
+WORKLOADS = ("rerank", "rerank-pointwise", "embed-template", "flipped", "embed", "embed-query", "embed-chunks")
+ONE_ITEM = ("rerank-pointwise", "embed-query", "embed-chunks")  # one item per request by definition
 ORDERS = ("grouped", "shuffled", "interleave:K")
 EMBED_BATCH_SIZE = 64  # /v1/embeddings default items per request
 
@@ -39,6 +54,9 @@ RERANK_PREFIX = (
 )
 RERANK_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
 DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+# Qwen3-Embedding's query prompt (config_sentence_transformers.json "query"), instruction filled in.
+QUERY_PROMPT = "Instruct: {instruction}\nQuery:"
+CHUNK_SEPARATOR = "\n\n"
 
 
 @dataclass(frozen=True)
@@ -92,6 +110,11 @@ def interleave(groups: list[list[T]], users: int) -> list[T]:
     return out
 
 
+def query_prompt(instruction: str = DEFAULT_INSTRUCTION) -> str:
+    """Qwen3-Embedding's query prompt with `instruction`; the input follows it directly."""
+    return QUERY_PROMPT.format(instruction=instruction)
+
+
 def _texts(sample, workload: str, instruction: str) -> list[str]:
     """The /v1/embeddings inputs one sample contributes, in passage order."""
     if workload == "embed":
@@ -109,6 +132,13 @@ def _embeddings_request(chunk: list[str], model: str | None) -> Request:
     return Request("/v1/embeddings", body, len(chunk))
 
 
+def _rerank_request(query: str, texts: list[str], instruction: str) -> Request:
+    body: dict = {"query": query, "texts": texts}
+    if instruction != DEFAULT_INSTRUCTION:  # only when asked: not every rerank server takes it
+        body["instruction"] = instruction
+    return Request("/rerank", body, len(texts))
+
+
 def query_requests(
     dataset: Dataset,
     workload: str,
@@ -116,15 +146,22 @@ def query_requests(
     batch_size: int | None = None,
     instruction: str = DEFAULT_INSTRUCTION,
     model: str | None = None,
+    chunking: Chunking = Chunking(),
+    seed: int = 0,
 ) -> list[list[Request]]:
     """Per sample (dataset order), its own requests in order; no request mixes two queries.
+    For `embed-chunks` the groups are documents (a chunk's requests never leave its document).
     batch_size None: all passages of a query for rerank, EMBED_BATCH_SIZE for /v1/embeddings."""
+    if workload == "embed-chunks":
+        return [[_embeddings_request([doc + CHUNK_SEPARATOR + c], model) for c in chunks]
+                for doc, chunks in documents(dataset, chunking=chunking, seed=seed)]
     out = []
     for s in dataset.samples:
-        if workload == "rerank":
-            size = batch_size or max(1, len(s.passages))
-            out.append([Request("/rerank", {"query": s.query, "texts": c}, len(c))
-                        for c in _chunks(list(s.passages), size)])
+        if workload in ("rerank", "rerank-pointwise"):
+            size = 1 if workload == "rerank-pointwise" else batch_size or max(1, len(s.passages))
+            out.append([_rerank_request(s.query, c, instruction) for c in _chunks(list(s.passages), size)])
+        elif workload == "embed-query":
+            out.append([Request("/embed", {"inputs": [query_prompt(instruction) + s.query]}, 1)])
         else:
             texts = _texts(s, workload, instruction)
             out.append([_embeddings_request(c, model) for c in _chunks(texts, batch_size or EMBED_BATCH_SIZE)])
@@ -140,23 +177,28 @@ def build_requests(
     model: str | None = None,
     order: Order | str = "grouped",
     seed: int = 0,
+    chunking: Chunking = Chunking(),
 ) -> list[Request]:
     """All requests of one pass over the dataset for `workload`, in `order` (module docstring).
-    batch_size None means the workload's default (see `query_requests`)."""
+    batch_size None means the workload's default (see `query_requests`); the ONE_ITEM workloads
+    take none. `seed` drives `shuffled` and the document/chunk lengths of `embed-chunks`."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
     if batch_size is not None and batch_size < 1:
         raise ValueError("batch_size must be >= 1")
+    if batch_size is not None and workload in ONE_ITEM:
+        raise ValueError(f"--batch-size does not apply to {workload}: it sends one item per request")
     order = parse_order(order) if isinstance(order, str) else order
     per_query = lambda: query_requests(dataset, workload, batch_size=batch_size,  # noqa: E731
-                                       instruction=instruction, model=model)
+                                       instruction=instruction, model=model, chunking=chunking, seed=seed)
     if order.mode == "interleave":
         return interleave(per_query(), order.users)
-    if workload == "rerank":
-        reqs = [r for group in per_query() for r in group]
-    else:  # grouped /v1/embeddings requests are cut from the flat item stream (may span queries)
+    if workload in ("embed-template", "flipped", "embed"):
+        # grouped multi-item /v1/embeddings requests are cut from the flat item stream (may span queries)
         texts = [t for s in dataset.samples for t in _texts(s, workload, instruction)]
         reqs = [_embeddings_request(c, model) for c in _chunks(texts, batch_size or EMBED_BATCH_SIZE)]
+    else:
+        reqs = [r for group in per_query() for r in group]
     if order.mode == "shuffled":
         random.Random(seed).shuffle(reqs)
     return reqs
@@ -164,4 +206,7 @@ def build_requests(
 
 def expected_count(body: dict) -> int:
     """How many results a correct answer to `body` holds (the client checks it)."""
-    return len(body["texts"]) if "texts" in body else len(body["input"])
+    for key in ("texts", "input", "inputs"):
+        if key in body:
+            return len(body[key])
+    raise ValueError(f"no input items in request body (keys {sorted(body)})")

@@ -22,7 +22,7 @@ def _free_port() -> int:
 
 
 def _fake_app():
-    """/rerank, /v1/embeddings, /metrics, /health with plausible answers and its own bookkeeping:
+    """/rerank, /embed, /v1/embeddings, /metrics, /health with plausible answers and its own bookkeeping:
     per request it records the original/compact token counts it reports, so the test can check
     the client's /metrics deltas against an independent tally."""
     from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -58,6 +58,13 @@ def _fake_app():
         account("/rerank", [body["query"] + " " + t for t in texts])
         scores = [1.0 / (1 + i) for i in range(len(texts))]
         return [{"index": i, "score": s} for i, s in enumerate(scores)]
+
+    @app.post("/embed")
+    async def embed(req: Request):
+        body = await req.json()
+        inputs = [body["inputs"]] if isinstance(body["inputs"], str) else body["inputs"]
+        account("/embed", inputs)
+        return [[0.0, 1.0] for _ in inputs]
 
     @app.post("/v1/embeddings")
     async def embeddings(req: Request):
