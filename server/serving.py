@@ -12,6 +12,7 @@
 """
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -86,11 +87,9 @@ class Server(uvicorn.Server):
         super().__init__(config)
         self.lifecycle = lifecycle
         lifecycle.on_stop = self._stop
-        self._loop = None
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def startup(self, sockets=None) -> None:
-        import asyncio
-
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets=sockets)
 
