@@ -129,7 +129,9 @@ class DrainGuard:
         except asyncio.CancelledError:
             if not call.expired:
                 raise
-            task.uncancel()  # the drain cut it off: answer here instead of uvicorn's plain 500
+            # The drain cut it off: answer here instead of uvicorn's plain-text 500.
+            if hasattr(task, "uncancel"):  # 3.11+: the task is not "being cancelled" any more
+                task.uncancel()
             if not call.started:
                 await _send_503(send, path, "the server shut down before this request finished; retry")
         finally:
