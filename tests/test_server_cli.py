@@ -1,27 +1,19 @@
-"""The radixserve CLI: flags, env vars and their precedence, JSON logs, and a real process that
-serves, logs its start-up line and shuts down gracefully on SIGTERM."""
+"""The radixserve CLI: flags, env vars and their precedence, TEI's flags, refused values, JSON logs.
+Real processes (start-up line, drain on SIGTERM) are in test_server_lifecycle.py."""
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
-import os
-import signal
-import subprocess
 import sys
-import time
-from pathlib import Path
 
-import httpx
 import pytest
 
 from server import cli as server_cli
 from server.cli import export_hub_settings, load_config, parse_config
 from server.config import DEFAULT_MODEL_ID, ServerConfig
 from server.logs import JsonFormatter
-from server.testing import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_defaults_match_api_md():
@@ -63,45 +55,6 @@ def test_json_formatter():
     record = logging.LogRecord("radixserve.server", logging.INFO, __file__, 1, "hello %s", ("world",), None)
     line = json.loads(JsonFormatter().format(record))
     assert line["message"] == "hello world" and line["level"] == "INFO" and line["target"] == "radixserve.server"
-
-
-def test_process_serves_and_drains_on_sigterm(tiny_embedding_dir):
-    port = free_port()
-    env = dict(os.environ, RADIX_MLP_THRESHOLD="1.0", MAX_CLIENT_BATCH_SIZE="7", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "server.cli", "--model-id", str(tiny_embedding_dir), "--hostname", "127.0.0.1",
-           "--port", str(port), "--json-output", "--max-batch-tokens", "512"]
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.2)
-        info = httpx.get(url + "/info").json()
-        assert info["max_client_batch_size"] == 7 and info["radix_mlp_threshold"] == 1.0
-        assert info["max_batch_tokens"] == 512 and info["max_input_length"] == 512
-        assert httpx.post(url + "/embed", json={"inputs": ["a", "b"]}, timeout=30).status_code == 200
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert proc.returncode == 0, out  # a drained SIGTERM is a clean exit
-    assert "Application shutdown complete." in out
-    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    messages = [line["message"] for line in lines]
-    start = next(m for m in messages if m.startswith("radixserve serving"))
-    for part in ("kind=embedding", "device=cpu", "dtype=float32", "attention_backend=", "kernels=",
-                 "radix_mlp_threshold=1.0", "radix_attention=compact"):
-        assert part in start, start
-    assert any("draining" in m for m in messages)
 
 
 def _exit_message(argv, environ, capsys) -> str:

@@ -4,6 +4,7 @@ slow request heads and bodies are cut off while keep-alive still works; the unix
 Prometheus listener and CORS of TEI's flags. Faults come from the test-only RADIXSERVE_TEST_FAULT."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -24,10 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 class Proc:
     """A radixserve process on a free loopback port; ``stop()`` returns (returncode, output)."""
 
-    def __init__(self, model_dir, *flags: str, fault: str = "", uds: str | None = None) -> None:
+    def __init__(self, model_dir, *flags: str, fault: str = "", env: dict | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = dict(os.environ, PYTHONPATH=str(ROOT), RADIXSERVE_TEST_FAULT=fault)
+        env = dict(os.environ, PYTHONPATH=str(ROOT), RADIXSERVE_TEST_FAULT=fault, **(env or {}))
         for key in ("API_KEY", "HOSTNAME", "PORT"):
             env.pop(key, None)
         cmd = [sys.executable, "-m", "server.cli", "--model-id", str(model_dir), "--hostname", "127.0.0.1",
@@ -68,9 +69,12 @@ def _post_in_thread(url: str, results: dict, key: str, **kw) -> threading.Thread
 
 def test_sigterm_drains_then_503s_what_is_left_and_exits_in_time(tiny_embedding_dir):
     # Each forward takes 1.5 s and holds one item: A finishes inside the drain, B cannot.
-    srv = Proc(tiny_embedding_dir, "--graceful-shutdown-timeout", "3", "--max-batch-requests", "1",
-               fault="slow_forward=1.5")
+    srv = Proc(tiny_embedding_dir, "--graceful-shutdown-timeout", "3", "--max-batch-requests", "1", "--json-output",
+               fault="slow_forward=1.5", env={"RADIX_MLP_THRESHOLD": "1.0", "MAX_CLIENT_BATCH_SIZE": "7"})
     try:
+        info = httpx.get(srv.url + "/info").json()  # flags and env vars reach the app
+        assert info["max_client_batch_size"] == 7 and info["radix_mlp_threshold"] == 1.0
+        assert info["max_batch_tokens"] == 512 and info["max_input_length"] == 512
         results: dict = {}
         a = _post_in_thread(srv.url + "/embed", results, "a", json={"inputs": "first"})
         time.sleep(0.3)
@@ -96,6 +100,13 @@ def test_sigterm_drains_then_503s_what_is_left_and_exits_in_time(tiny_embedding_
     assert code == 0, out
     assert elapsed < 3 + 1.5, (elapsed, out)  # the grace, plus process teardown on a busy machine
     assert "Internal Server Error" not in out and "timeout graceful shutdown exceeded" not in out
+    messages = [json.loads(line)["message"] for line in out.splitlines() if line.startswith("{")]
+    start = next(m for m in messages if m.startswith("radixserve serving"))
+    for part in ("kind=embedding", "device=cpu", "dtype=float32", "attention_backend=", "kernels=",
+                 "radix_mlp_threshold=1.0", "radix_attention=compact"):
+        assert part in start, start
+    assert any(m.startswith("draining (received SIGTERM)") for m in messages)
+    assert "Application shutdown complete." in messages
 
 
 def test_dead_worker_exits_non_zero(tiny_embedding_dir):
