@@ -85,6 +85,7 @@ class Scheduler:
         build_index: Callable[[np.ndarray, np.ndarray, np.ndarray], Any] | None = None,
         disconnect_poll_s: float = 0.1,
         trace_len: int = 256,
+        on_death: Callable[[BaseException], None] | None = None,
     ) -> None:
         if max_batch_tokens < 1:
             raise ValueError("max_batch_tokens must be >= 1")
@@ -94,6 +95,7 @@ class Scheduler:
         self.max_batch_tokens = max_batch_tokens
         self.metrics = metrics
         self.disconnect_poll_s = disconnect_poll_s
+        self._death_callback = on_death  # called once, from the dying thread, after pending work failed
         self._lock = threading.Lock()  # guards _pending, _accepting; taken before the queue's lock
         self._pending: set[_Ticket] = set()
         self._accepting = False
@@ -176,6 +178,8 @@ class Scheduler:
         reason = WorkerDead(f"the model worker died: {type(exc).__name__}: {exc}")
         for t in tickets:
             self._finish(t, None, reason)
+        if self._death_callback is not None:
+            self._death_callback(exc)
 
     def _cancel(self, tickets: list[_Ticket]) -> None:
         for t in tickets:

@@ -8,6 +8,7 @@ nothing queues behind an overloaded server.
 """
 from __future__ import annotations
 
+import asyncio
 import hmac
 
 from server.errors import error_bytes
@@ -37,8 +38,10 @@ class Permits:
 class Guard:
     """ASGI middleware: API key (401) and payload limit (413), in each route's dialect."""
 
-    def __init__(self, app, *, payload_limit: int, api_key: str | None, on_error=None) -> None:
+    def __init__(self, app, *, payload_limit: int, api_key: str | None, on_error=None,
+                 body_timeout_s: float | None = None) -> None:
         self.app = app
+        self.body_timeout_s = body_timeout_s
         self.payload_limit = payload_limit
         self.api_key = api_key
         self.on_error = on_error
@@ -66,8 +69,14 @@ class Guard:
         chunks: list[bytes] = []
         size = 0
         more = scope.get("method") in ("POST", "PUT", "PATCH")
+        loop = asyncio.get_running_loop()
+        deadline = None if self.body_timeout_s is None else loop.time() + self.body_timeout_s
         while more:
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), None if deadline is None else deadline - loop.time())
+            except asyncio.TimeoutError:
+                await self._reject(send, "timeout", f"request body not received within {self.body_timeout_s:g} s", path)
+                return
             if message["type"] == "http.disconnect":
                 return
             chunk = message.get("body", b"")
@@ -106,5 +115,7 @@ class Guard:
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
         if kind == "unauthorized":
             headers.append((b"www-authenticate", b"Bearer"))
+        if kind == "timeout":
+            headers.append((b"connection", b"close"))  # the rest of the body is not read
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -2,23 +2,27 @@
 
 ``create_app(config, runner=None, scheduler=None)``: tests inject a runner and/or a scheduler;
 whatever is not injected is built from ``config`` and owned by the app, which starts the
-scheduler on start-up and drains it (``stop(drain=True)``) on shutdown, after uvicorn has
-finished the in-flight HTTP requests. An injected scheduler is started if it is not running yet
-and left to its owner to stop.
+scheduler on start-up and stops it on shutdown: drained (``stop(drain=True)``) after uvicorn has
+finished the in-flight HTTP requests, or, after a Lifecycle drain (SIGTERM or a dead worker,
+server/lifecycle.py), stopped within the time left. An injected scheduler is started if it is not
+running yet and left to its owner to stop. ``app.state.lifecycle`` is the app's drain state.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+import os
 
 from fastapi import FastAPI, Request, Response
+from starlette.middleware.cors import CORSMiddleware
 
 from scheduler.metrics import Metrics
 from server import routes_embed, routes_misc, routes_rerank
 from server.admission import Guard, Permits
 from server.config import ServerConfig
 from server.errors import install_handlers
+from server.lifecycle import DrainGuard, Lifecycle
 from server.service import ClientGone, Limits, Service
 
 log = logging.getLogger("radixserve.server")
@@ -45,7 +49,7 @@ def load_runner(config: ServerConfig):
     )
 
 
-def build_scheduler(config: ServerConfig, runner, metrics: Metrics):
+def build_scheduler(config: ServerConfig, runner, metrics: Metrics, *, on_death=None):
     from scheduler import Scheduler
     from scheduler.forming import PrefixPolicy
 
@@ -59,6 +63,7 @@ def build_scheduler(config: ServerConfig, runner, metrics: Metrics):
         prefix_policy=PrefixPolicy(
             max_wait_s=config.batching_max_wait_ms / 1000.0, max_skips=config.batching_max_skips
         ),
+        on_death=on_death,
     )
 
 
@@ -81,8 +86,9 @@ def create_app(config: ServerConfig, runner=None, scheduler=None) -> FastAPI:
     metrics = getattr(scheduler, "metrics", None) if scheduler is not None else None
     if metrics is None:
         metrics = Metrics()
+    lifecycle = Lifecycle(grace_s=config.graceful_shutdown_timeout)
     if owned:
-        scheduler = build_scheduler(config, runner, metrics)
+        scheduler = build_scheduler(config, runner, metrics, on_death=lifecycle.worker_died)
     max_len = max_input_length(config, runner)
     service = Service(
         runner=runner,
@@ -96,17 +102,25 @@ def create_app(config: ServerConfig, runner=None, scheduler=None) -> FastAPI:
         permits=Permits(config.max_concurrent_requests),
         default_prompt_name=config.default_prompt_name,
         default_prompt=config.default_prompt,
+        tokenization_workers=tokenization_workers(config),
     )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        lifecycle.bind(asyncio.get_running_loop())
         if not scheduler.alive:
             scheduler.start()
         log.info(startup_line(config, runner, max_len))
         try:
             yield
         finally:
-            if owned:
+            if owned and lifecycle.draining:
+                # NOTE: every request is answered by now; what still runs has nobody waiting.
+                log.info("shutting down: stopping the scheduler (%.1f s left)", lifecycle.remaining())
+                timeout = max(0.05, lifecycle.remaining() - 0.3)
+                await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: scheduler.stop(drain=False, timeout=timeout))
+            elif owned:
                 log.info("shutting down: draining the scheduler")
                 await asyncio.get_running_loop().run_in_executor(None, lambda: scheduler.stop(drain=True))
             service.tok.close()
@@ -119,6 +133,7 @@ def create_app(config: ServerConfig, runner=None, scheduler=None) -> FastAPI:
     )
     app.state.service = service
     app.state.config = config
+    app.state.lifecycle = lifecycle
 
     def on_error(kind: str) -> None:
         metrics.request_failure.labels(err=kind).inc()
@@ -134,5 +149,22 @@ def create_app(config: ServerConfig, runner=None, scheduler=None) -> FastAPI:
     app.include_router(routes_embed.build_router(service, model_name=config.model_name))
     app.include_router(routes_rerank.build_router(service, model_name=config.model_name))
     app.include_router(routes_misc.build_router(service, info=info))
-    app.add_middleware(Guard, payload_limit=config.payload_limit, api_key=config.api_key, on_error=on_error)
+    app.add_middleware(
+        Guard, payload_limit=config.payload_limit, api_key=config.api_key, on_error=on_error,
+        body_timeout_s=config.body_read_timeout,
+    )
+    app.add_middleware(DrainGuard, lifecycle=lifecycle)  # outside Guard: a drain answers before auth
+    if config.cors_allow_origin:
+        origins = ["*"] if "*" in config.cors_allow_origin else list(config.cors_allow_origin)
+        app.add_middleware(  # outermost: preflights are answered without a key
+            CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
+            allow_headers=["content-type", "authorization"],
+        )
     return app
+
+
+def tokenization_workers(config: ServerConfig) -> int:
+    """--tokenization-workers, else TEI's CPU cores - 1 (here at least 2: one slow body must not stall all)."""
+    if config.tokenization_workers is not None:
+        return config.tokenization_workers
+    return max(2, min(64, (os.cpu_count() or 2) - 1))

@@ -1,74 +1,146 @@
-"""Server configuration: one frozen dataclass whose fields map 1:1 to the CLI flags of API.md.
+"""Server configuration: one frozen dataclass whose fields are the CLI flags, each defined once.
 
-Every flag also reads an environment variable (the field name in upper snake case, e.g.
-MAX_BATCH_TOKENS). The environment is read in exactly one place, ``env_defaults``; an explicit
-command-line flag always wins over its variable.
+A field's metadata (``option(...)``) carries its help text, choices, short flag, env variable and
+whether it is a secret; argparse, env parsing, choice validation and ``--help`` are generated from
+it (server/cli.py). Every flag also reads an environment variable, the field name in upper snake
+case (``max_batch_tokens`` -> MAX_BATCH_TOKENS); command line beats env beats default. The
+environment is read in exactly one place, ``env_values``.
+
+NOTE: HOSTNAME is the env twin of --hostname, and Docker and Kubernetes set it to the container
+or pod name. Like TEI (which falls back to 0.0.0.0 when HOSTNAME is not an IP address), a HOSTNAME
+that is not an IP address literal is ignored with a warning; --hostname on the command line may be
+any name.
 """
 from __future__ import annotations
 
+import functools
+import ipaddress
 import os
-from dataclasses import dataclass, fields
+import types
+import typing
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Mapping
 
 DEFAULT_MODEL_ID = "Qwen/Qwen3-Embedding-0.6B"
+
+# Values that mean "no key" to a human. An API key that looks like one of them is refused at start:
+# `--api-key none` must never silently turn authentication off.
+_NO_KEY = frozenset({"", "none", "null", "nil", "false", "no", "off", "0"})
+
+
+def option(default, help: str, *, choices: tuple[str, ...] = (), short: str | None = None,
+           secret: bool = False, minimum: float | None = None, inert: str | None = None):
+    """A config field with its CLI metadata.
+
+    ``inert``: why the flag is accepted (TEI compatibility) but has no effect here; setting it
+    logs that reason at start. ``secret``: kept out of repr and the start-up log.
+    """
+    meta = {"help": help, "choices": choices, "short": short, "secret": secret, "minimum": minimum, "inert": inert}
+    return field(default=default, repr=not secret, metadata=meta)
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     """What ``radixserve`` was asked to serve, and with which limits."""
 
-    model_id: str = DEFAULT_MODEL_ID
-    revision: str | None = None
-    served_model_name: str | None = None  # None: the model id
-    hostname: str = "0.0.0.0"
-    port: int = 8080
-    device: str | None = None  # None: cuda if available, else cpu
-    dtype: str | None = None  # None: bfloat16 on cuda, float32 on cpu
-    max_batch_tokens: int = 16384
-    max_batch_requests: int | None = None
-    max_concurrent_requests: int = 512
-    max_client_batch_size: int = 64
-    max_input_length: int | None = None  # None: the model's max positions
-    auto_truncate: bool = True
-    radix_mlp_threshold: float = 0.95
-    radix_attention: str = "compact"
-    # Batch formation (issue 7): fifo, or prefix (group waiting requests that share prefixes;
-    # requests waiting longer than the max wait, or passed over max-skips times, go first).
-    batching_policy: str = "fifo"
-    batching_max_wait_ms: float = 500.0
-    batching_max_skips: int = 2
-    pooling: str | None = None  # None: from the checkpoint
-    default_prompt_name: str | None = None
-    default_prompt: str | None = None
-    api_key: str | None = None
-    payload_limit: int = 2_000_000
-    json_output: bool = False
+    model_id: str = option(DEFAULT_MODEL_ID, "hub id (downloaded and cached) or local checkpoint directory")
+    revision: str | None = option(None, "hub revision (branch, tag or commit)")
+    served_model_name: str | None = option(None, "name reported by /info and the /v1 routes (default: the model id)")
+    hostname: str = option("0.0.0.0", "listen address (a HOSTNAME variable that is not an IP address is ignored)")
+    port: int = option(8080, "listen port", short="-p", minimum=0)
+    uds_path: str | None = option(None, "also serve the HTTP API on this unix domain socket")
+    device: str | None = option(None, "cuda, cuda:N or cpu (default: cuda if available)")
+    dtype: str | None = option(None, "default: bfloat16 on cuda, float32 on cpu",
+                               choices=("float32", "float16", "bfloat16"))
+    max_batch_tokens: int = option(16384, "token budget of one forward", minimum=1)
+    max_batch_requests: int | None = option(None, "cap on items per forward", minimum=1)
+    max_concurrent_requests: int = option(
+        4096, "permits, one per input item; none left: immediate 429 (must be >= --max-client-batch-size)", minimum=1)
+    max_client_batch_size: int = option(2048, "inputs per HTTP request", minimum=1)
+    max_input_length: int | None = option(None, "tokens per input (default: the model's max positions)", minimum=1)
+    auto_truncate: bool = option(True, "truncate over-long inputs when a request does not say")
+    tokenization_workers: int | None = option(
+        None, "threads that tokenize requests (default: CPU cores - 1, at least 2, at most 64)", minimum=1)
+    radix_mlp_threshold: float = option(0.95, "use the prefix trie iff compact/original < threshold; 1 always; 0 never")
+    radix_attention: str = option("compact", "attention over the compact rows", choices=("compact", "paper"))
+    batching_policy: str = option(
+        "fifo", "fifo, or prefix: form batches from requests that share prefixes (with aging)",
+        choices=("fifo", "prefix"))
+    batching_max_wait_ms: float = option(500.0, "prefix policy: a request waiting this long goes first", minimum=0)
+    batching_max_skips: int = option(2, "prefix policy: a request passed over this many times goes first", minimum=0)
+    pooling: str | None = option(None, "default: from the checkpoint", choices=("last-token", "mean", "cls"))
+    default_prompt_name: str | None = option(None, "embedding prompt name (a key of the model's prompts)")
+    default_prompt: str | None = option(None, "embedding prompt text prepended to every input")
+    api_key: str | None = option(None, "require 'Authorization: Bearer KEY' on inference routes (unset: no auth)",
+                                 secret=True)
+    payload_limit: int = option(2_000_000, "bytes per request body", minimum=1)
+    graceful_shutdown_timeout: float = option(
+        25.0, "seconds from SIGTERM to exit: in-flight work may finish, then what is left gets a JSON 503",
+        minimum=0)
+    header_read_timeout: float = option(
+        10.0, "seconds a connection may take to send a complete request head (slow clients are closed)",
+        minimum=0.001)
+    body_read_timeout: float = option(30.0, "seconds a request may take to send its body (then 408)", minimum=0.001)
+    cors_allow_origin: tuple[str, ...] | None = option(
+        None, "origins allowed by CORS (comma-separated or repeated; * for any; unset: no CORS headers)")
+    prometheus_port: int | None = option(
+        None, "also serve the metrics on their own listener on this port (TEI: 9000; /metrics stays)", minimum=0)
+    json_output: bool = option(False, "JSON log lines")
+    disable_spans: bool = option(False, "TEI: drop span fields from log lines",
+                                 inert="log lines here carry no spans")
+    otlp_endpoint: str | None = option(None, "OpenTelemetry OTLP/gRPC endpoint for request traces, e.g. http://localhost:4317")
+    otlp_service_name: str = option("radixserve.server", "OpenTelemetry service name")
+    hf_token: str | None = option(None, "Hugging Face Hub token (gated or private models)", secret=True)
+    hf_api_token: str | None = option(None, "deprecated TEI spelling of --hf-token", secret=True)
+    huggingface_hub_cache: str | None = option(None, "Hugging Face Hub cache directory (default: HF_HOME/hub)")
+    dense_path: str | None = option(None, "TEI: path of a Dense module", inert="Qwen3 checkpoints have no Dense module")
 
     def __post_init__(self) -> None:
+        hints = field_types()
+        for f in fields(self):
+            value, meta = getattr(self, f.name), f.metadata
+            if value is None:
+                continue
+            if meta["choices"] and value not in meta["choices"]:
+                raise ValueError(f"{flag_name(f.name)} must be one of {', '.join(meta['choices'])}, not {value!r}")
+            if meta["minimum"] is not None and hints[f.name] in (int, float) and value < meta["minimum"]:
+                raise ValueError(f"{flag_name(f.name)} must be >= {meta['minimum']:g}, got {value}")
         if self.default_prompt_name is not None and self.default_prompt is not None:
             raise ValueError("give --default-prompt-name or --default-prompt, not both")
-        if self.radix_attention not in ("compact", "paper"):
-            raise ValueError(f"--radix-attention must be compact or paper, not {self.radix_attention!r}")
-        if self.batching_policy not in ("fifo", "prefix"):
-            raise ValueError(f"--batching-policy must be fifo or prefix, not {self.batching_policy!r}")
-        if self.batching_max_wait_ms < 0 or self.batching_max_skips < 0:
-            raise ValueError("--batching-max-wait-ms and --batching-max-skips must be >= 0")
+        if self.hf_token is not None and self.hf_api_token is not None:
+            raise ValueError("give --hf-token or the deprecated --hf-api-token, not both")
         if not 0.0 <= self.radix_mlp_threshold <= 1.0:
             raise ValueError("--radix-mlp-threshold must lie in [0, 1]")
-        for name in ("max_batch_tokens", "max_concurrent_requests", "max_client_batch_size", "payload_limit"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-        for name in ("max_batch_requests", "max_input_length"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
-        if self.pooling is not None and self.pooling not in ("last-token", "mean", "cls"):
-            raise ValueError(f"--pooling must be last-token, mean or cls, not {self.pooling!r}")
+        if self.api_key is not None and self.api_key.strip().lower() in _NO_KEY:
+            raise ValueError(
+                f"refusing --api-key/API_KEY {self.api_key!r}: it looks like 'no key'. To run without "
+                "authentication leave both --api-key and API_KEY unset; otherwise give a real key")
+        if self.max_concurrent_requests < self.max_client_batch_size:
+            raise ValueError(
+                f"--max-concurrent-requests ({self.max_concurrent_requests}) is smaller than "
+                f"--max-client-batch-size ({self.max_client_batch_size}): a request with that many inputs "
+                "could never be admitted. Raise --max-concurrent-requests or lower --max-client-batch-size")
 
     @property
     def model_name(self) -> str:
         """The name reported by /info and the /v1 routes."""
         return self.served_model_name or self.model_id
+
+    @property
+    def hub_token(self) -> str | None:
+        return self.hf_token or self.hf_api_token
+
+    def inert_flags(self) -> list[str]:
+        """One warning per flag that was set but has no effect here."""
+        return [
+            f"{flag_name(f.name)} has no effect in radixserve: {f.metadata['inert']}"
+            for f in fields(self)
+            if f.metadata["inert"] and getattr(self, f.name) != f.default
+        ]
+
+
+def flag_name(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def env_var(name: str) -> str:
@@ -86,43 +158,75 @@ def parse_bool(text: str) -> bool:
     raise ValueError(f"expected true or false, got {text!r}")
 
 
+@functools.lru_cache(maxsize=1)
 def field_types() -> dict[str, type]:
-    """Field name -> the scalar type its text converts to (the Optional stripped)."""
+    """Field name -> the scalar type its text converts to (Optional stripped; tuple[str, ...] -> tuple)."""
     out: dict[str, type] = {}
-    for f in fields(ServerConfig):
-        annotation = str(f.type)
-        for scalar, kind in (("bool", bool), ("int", int), ("float", float)):
-            if annotation.startswith(scalar):
-                out[f.name] = kind
-                break
-        else:
-            out[f.name] = str
+    for name, hint in typing.get_type_hints(ServerConfig).items():
+        if typing.get_origin(hint) in (typing.Union, types.UnionType):
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        out[name] = tuple if typing.get_origin(hint) is tuple else hint
     return out
 
 
-def convert(name: str, text: str):
-    """Convert a flag's or variable's text to the field's type ("none"/"" clear optional fields)."""
+def is_secret(name: str) -> bool:
+    return next(f for f in fields(ServerConfig) if f.name == name).metadata["secret"]
+
+
+def convert(name: str, text: str | list[str]):
+    """A flag's or variable's text -> the field's value.
+
+    "none"/"" clear optional fields, except secrets: a secret keeps its text as given so that
+    ``--api-key none`` is refused rather than read as "no key".
+    """
     kind = field_types()[name]
+    if kind is tuple:  # repeated flag and/or comma-separated
+        parts = [p.strip() for t in ([text] if isinstance(text, str) else text) for p in t.split(",")]
+        parts = [p for p in parts if p]
+        return tuple(parts) or None
     if kind is bool:
         return parse_bool(text)
+    if is_secret(name):
+        return text
     if text.strip().lower() in ("", "none") and _optional(name):
         return None
     return kind(text)
 
 
 def _optional(name: str) -> bool:
-    return any(f.name == name and "None" in str(f.type) for f in fields(ServerConfig))
+    f = next(f for f in fields(ServerConfig) if f.name == name)
+    return f.default is None or f.default is MISSING
+
+
+def env_values(environ: Mapping[str, str] | None = None) -> tuple[dict[str, object], list[str]]:
+    """The fields set through the environment (the one place that reads it), and warnings."""
+    env = os.environ if environ is None else environ
+    out: dict[str, object] = {}
+    notes: list[str] = []
+    for f in fields(ServerConfig):
+        key = env_var(f.name)
+        if key not in env:
+            continue
+        if f.name == "hostname" and not _is_address(env[key]):
+            notes.append(f"ignoring HOSTNAME={env[key]!r} (not an IP address: the container runtime sets it to "
+                         f"the host name); listening on {f.default}. Use --hostname to bind a name")
+            continue
+        if is_secret(f.name) and f.name != "api_key" and not env[key].strip():
+            continue  # HF_TOKEN="" from a compose file: no token
+        try:
+            out[f.name] = convert(f.name, env[key])
+        except ValueError as exc:
+            raise ValueError(f"environment variable {key}: {exc}") from exc
+    return out, notes
 
 
 def env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, object]:
-    """The fields set through the environment (the one place that reads it)."""
-    env = os.environ if environ is None else environ
-    out: dict[str, object] = {}
-    for f in fields(ServerConfig):
-        key = env_var(f.name)
-        if key in env:
-            try:
-                out[f.name] = convert(f.name, env[key])
-            except ValueError as exc:
-                raise ValueError(f"environment variable {key}: {exc}") from exc
-    return out
+    return env_values(environ)[0]
+
+
+def _is_address(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text.strip())
+        return True
+    except ValueError:
+        return text.strip() == "localhost"

@@ -25,6 +25,7 @@ KINDS: dict[str, tuple[int, str, str, str]] = {
     "unauthorized": (401, "Unauthorized", "authentication_error", "invalid_api_key"),
     "not_found": (404, "NotFound", "invalid_request_error", "not_found"),
     "method": (405, "Validation", "invalid_request_error", "method_not_allowed"),
+    "timeout": (408, "Timeout", "invalid_request_error", "request_timeout"),
     "too_large": (413, "PayloadTooLarge", "invalid_request_error", "payload_too_large"),
     "validation": (422, "Validation", "invalid_request_error", "invalid_value"),
     "tokenizer": (422, "Tokenizer", "invalid_request_error", "tokenizer_error"),

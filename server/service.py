@@ -56,6 +56,7 @@ class Service:
         permits: Permits,
         default_prompt_name: str | None = None,
         default_prompt: str | None = None,
+        tokenization_workers: int = 2,
     ) -> None:
         self.runner = runner
         # The server's default prompt (flag) wins over the checkpoint's default_prompt_name.
@@ -65,7 +66,8 @@ class Service:
         self.metrics = metrics
         self.limits = limits
         self.permits = permits
-        self.tok = Tokenization(runner, max_input_length=limits.max_input_length, metrics=metrics)
+        self.tok = Tokenization(
+            runner, max_input_length=limits.max_input_length, metrics=metrics, workers=tokenization_workers)
 
     # -- checks ---------------------------------------------------------------------------------
     def count(self, method: str) -> float:

@@ -1,33 +1,29 @@
-"""The radixserve CLI: flags, env vars and their precedence, JSON logs, and a real process that
-serves, logs its start-up line and shuts down gracefully on SIGTERM."""
+"""The radixserve CLI: flags, env vars and their precedence, TEI's flags, refused values, JSON logs.
+Real processes (start-up line, drain on SIGTERM) are in test_server_lifecycle.py."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
-import os
-import signal
-import subprocess
 import sys
-import time
-from pathlib import Path
 
-import httpx
 import pytest
 
-from server.cli import parse_config
+from server import cli as server_cli
+from server.cli import export_hub_settings, load_config, parse_config
 from server.config import DEFAULT_MODEL_ID, ServerConfig
 from server.logs import JsonFormatter
-from server.testing import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_defaults_match_api_md():
     c = parse_config([], environ={})
     assert c == ServerConfig()
     assert (c.model_id, c.port, c.hostname, c.max_batch_tokens) == (DEFAULT_MODEL_ID, 8080, "0.0.0.0", 16384)
-    assert (c.max_concurrent_requests, c.max_client_batch_size, c.payload_limit) == (512, 64, 2_000_000)
+    assert (c.max_concurrent_requests, c.max_client_batch_size, c.payload_limit) == (4096, 2048, 2_000_000)
     assert c.auto_truncate is True and c.radix_mlp_threshold == 0.95 and c.radix_attention == "compact"
+    assert c.api_key is None and c.prometheus_port is None and c.cors_allow_origin is None
+    assert 0 < c.graceful_shutdown_timeout < 30  # drains inside Kubernetes' default 30 s grace
 
 
 def test_flags_env_and_precedence():
@@ -61,41 +57,132 @@ def test_json_formatter():
     assert line["message"] == "hello world" and line["level"] == "INFO" and line["target"] == "radixserve.server"
 
 
-def test_process_serves_and_drains_on_sigterm(tiny_embedding_dir):
-    port = free_port()
-    env = dict(os.environ, RADIX_MLP_THRESHOLD="1.0", MAX_CLIENT_BATCH_SIZE="7", PYTHONPATH=str(ROOT))
-    cmd = [sys.executable, "-m", "server.cli", "--model-id", str(tiny_embedding_dir), "--hostname", "127.0.0.1",
-           "--port", str(port), "--json-output", "--max-batch-tokens", "512"]
-    proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
-        while True:
-            assert proc.poll() is None, proc.stdout.read()
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "server did not come up"
-            time.sleep(0.2)
-        info = httpx.get(url + "/info").json()
-        assert info["max_client_batch_size"] == 7 and info["radix_mlp_threshold"] == 1.0
-        assert info["max_batch_tokens"] == 512 and info["max_input_length"] == 512
-        assert httpx.post(url + "/embed", json={"inputs": ["a", "b"]}, timeout=30).status_code == 200
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    # NOTE: uvicorn re-raises the caught signal after its graceful shutdown (exit by SIGTERM).
-    assert proc.returncode in (0, -signal.SIGTERM), out
-    assert "Application shutdown complete." in out
-    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-    messages = [line["message"] for line in lines]
-    start = next(m for m in messages if m.startswith("radixserve serving"))
-    for part in ("kind=embedding", "device=cpu", "dtype=float32", "attention_backend=", "kernels=",
-                 "radix_mlp_threshold=1.0", "radix_attention=compact"):
-        assert part in start, start
-    assert any("draining" in m for m in messages)
+def _exit_message(argv, environ, capsys) -> str:
+    with pytest.raises(SystemExit) as info:
+        parse_config(argv, environ=environ)
+    assert info.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["none", "None", "NONE", "null", "Null", "", "   ", " none ", "nil"])
+def test_api_key_that_looks_like_no_key_is_refused(value, capsys):
+    for argv, env in ((["--api-key", value], {}), ([], {"API_KEY": value})):
+        message = _exit_message(argv, env, capsys)
+        assert "refusing --api-key/API_KEY" in message and "leave both --api-key and API_KEY unset" in message
+
+
+def test_api_key_absent_means_no_auth_and_real_keys_are_kept():
+    assert parse_config([], environ={}).api_key is None
+    assert parse_config(["--api-key", "none-shall-pass"], environ={}).api_key == "none-shall-pass"
+    assert parse_config([], environ={"API_KEY": "s3cr3t"}).api_key == "s3cr3t"
+    c = parse_config(["--api-key", "clé-ü"], environ={"API_KEY": "other"})
+    assert c.api_key == "clé-ü"
+    assert "clé" not in repr(c)  # secrets stay out of logs
+
+
+def test_permits_must_admit_the_largest_request(capsys):
+    message = _exit_message(["--max-concurrent-requests", "100"], {}, capsys)
+    assert "--max-concurrent-requests (100) is smaller than --max-client-batch-size (2048)" in message
+    message = _exit_message([], {"MAX_CLIENT_BATCH_SIZE": "9000"}, capsys)
+    assert "could never be admitted" in message
+    c = parse_config(["--max-concurrent-requests", "100", "--max-client-batch-size", "100"], environ={})
+    assert (c.max_concurrent_requests, c.max_client_batch_size) == (100, 100)
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--dtype", "float8"], "--dtype must be one of float32, float16, bfloat16"),
+    (["--pooling", "splade"], "--pooling must be one of last-token, mean, cls"),
+    (["--batching-policy", "lifo"], "--batching-policy must be one of fifo, prefix"),
+    (["--graceful-shutdown-timeout", "-1"], "--graceful-shutdown-timeout must be >= 0"),
+    (["--header-read-timeout", "0"], "--header-read-timeout must be >= 0.001"),
+    (["--hf-token", "a", "--hf-api-token", "b"], "not both"),
+])
+def test_choices_and_bounds_come_from_the_field_metadata(argv, needle, capsys):
+    assert needle in _exit_message(argv, {}, capsys)
+
+
+def test_help_is_generated_from_the_fields(capsys):
+    with pytest.raises(SystemExit):
+        parse_config(["--help"], environ={})
+    text = " ".join(capsys.readouterr().out.split())
+    for f in dataclasses.fields(ServerConfig):
+        assert f"--{f.name.replace('_', '-')}" in text and f"env {f.name.upper()};" in text, f.name
+        assert f.metadata["help"].split()[0] in text
+    assert "-p PORT, --port PORT" in text and "(compact | paper)" in text
+    assert not hasattr(server_cli, "_HELP")
+
+
+TEI_LAUNCH = (
+    "--model-id Qwen/Qwen3-Embedding-0.6B --revision main -p 3000 --hostname 0.0.0.0 "
+    "--max-concurrent-requests 512 --max-batch-tokens 16384 --max-batch-requests 64 "
+    "--max-client-batch-size 32 --auto-truncate --tokenization-workers 2 --prometheus-port 9000 "
+    "--json-output --disable-spans --dtype float16 --pooling last-token --payload-limit 2000000 "
+    "--hf-token hf_abc --huggingface-hub-cache /data --cors-allow-origin https://a.example "
+    "--cors-allow-origin https://b.example,https://c.example --uds-path /tmp/tei-server "
+    "--otlp-endpoint http://otel:4317 --otlp-service-name text-embeddings-inference.server "
+    "--served-model-name qwen3-embed --default-prompt-name query --api-key sk-local --dense-path 2_Dense"
+)
+
+
+def test_a_tei_launch_line_parses_with_teis_meaning():
+    config, notes = load_config(TEI_LAUNCH.split(), environ={"HOSTNAME": "3f2a9c1b7e4d"})
+    assert (config.port, config.hostname, config.revision) == (3000, "0.0.0.0", "main")
+    assert (config.max_concurrent_requests, config.max_batch_requests, config.max_client_batch_size) == (512, 64, 32)
+    assert config.auto_truncate is True and config.json_output is True and config.tokenization_workers == 2
+    assert (config.prometheus_port, config.dtype, config.pooling) == (9000, "float16", "last-token")
+    assert config.hub_token == "hf_abc" and config.huggingface_hub_cache == "/data"
+    assert config.cors_allow_origin == ("https://a.example", "https://b.example", "https://c.example")
+    assert (config.uds_path, config.otlp_endpoint) == ("/tmp/tei-server", "http://otel:4317")
+    assert (config.model_name, config.default_prompt_name, config.api_key) == ("qwen3-embed", "query", "sk-local")
+    joined = "\n".join(notes)
+    assert "--disable-spans has no effect" in joined and "--dense-path has no effect" in joined
+    assert "ignoring HOSTNAME='3f2a9c1b7e4d'" in joined
+
+
+def test_tei_env_names_and_the_deprecated_token():
+    env = {"HF_TOKEN": "hf_new", "HUGGINGFACE_HUB_CACHE": "/cache", "PROMETHEUS_PORT": "9100",
+           "TOKENIZATION_WORKERS": "3", "CORS_ALLOW_ORIGIN": "*", "OTLP_SERVICE_NAME": "svc"}
+    c = parse_config([], environ=env)
+    assert (c.hub_token, c.huggingface_hub_cache, c.prometheus_port) == ("hf_new", "/cache", 9100)
+    assert (c.tokenization_workers, c.cors_allow_origin, c.otlp_service_name) == (3, ("*",), "svc")
+    config, notes = load_config([], environ={"HF_API_TOKEN": "hf_old", "HF_TOKEN": ""})
+    assert config.hub_token == "hf_old" and any("deprecated" in n for n in notes)
+
+
+@pytest.mark.parametrize("env,argv,expected,ignored", [
+    ({"HOSTNAME": "3f2a9c1b7e4d"}, [], "0.0.0.0", True),  # Docker: the container id
+    ({"HOSTNAME": "radixserve-7d9f8-abcde"}, [], "0.0.0.0", True),  # Kubernetes: the pod name
+    ({"HOSTNAME": "127.0.0.1"}, [], "127.0.0.1", False),
+    ({"HOSTNAME": "::"}, [], "::", False),
+    ({"HOSTNAME": "3f2a9c1b7e4d"}, ["--hostname", "my-host.local"], "my-host.local", True),
+])
+def test_hostname_env_is_not_a_footgun(env, argv, expected, ignored):
+    config, notes = load_config(argv, environ=env)
+    assert config.hostname == expected
+    assert any("ignoring HOSTNAME" in n for n in notes) is ignored
+
+
+def test_export_hub_settings():
+    env: dict[str, str] = {}
+    export_hub_settings(parse_config(["--hf-token", "hf_x", "--huggingface-hub-cache", "/hub"], environ={}), env)
+    assert env == {"HF_TOKEN": "hf_x", "HF_HUB_CACHE": "/hub", "HUGGINGFACE_HUB_CACHE": "/hub"}
+
+
+def test_otlp_without_its_packages_starts_and_says_so(monkeypatch, caplog):
+    from server import tracing
+
+    monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)  # import fails as if not installed
+    app = object()
+    with caplog.at_level(logging.WARNING, logger="radixserve.server"):
+        assert tracing.instrument(app, endpoint="http://otel:4317", service_name="s") is app
+    assert "tracing is off" in caplog.text and "radixserve[otlp]" in caplog.text
+    assert tracing.instrument(app, endpoint=None, service_name="s") is app
+
+
+def test_fault_injection_is_off_by_default_and_strict():
+    from server import faults
+
+    runner = object()
+    assert faults.inject_faults(runner, environ={}) is runner
+    with pytest.raises(ValueError, match="unknown directive"):
+        faults.inject_faults(runner, environ={faults.ENV: "explode=1"})

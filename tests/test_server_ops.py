@@ -49,7 +49,8 @@ def metric(url: str, name: str, **labels) -> float:
 
 
 def test_overload_gets_429_at_once(base, tiny_embedding_dir):
-    srv = _start(slow(base, 0.4), tiny_embedding_dir, max_concurrent_requests=8, max_batch_requests=4)
+    srv = _start(slow(base, 0.4), tiny_embedding_dir, max_concurrent_requests=8, max_client_batch_size=8,
+                 max_batch_requests=4)
     try:
         async def main():
             async with httpx.AsyncClient(base_url=srv.url, timeout=60) as c:

@@ -1,0 +1,196 @@
+"""Real `python -m server.cli` processes: SIGTERM drains in-flight work and answers the rest with a
+JSON 503 within --graceful-shutdown-timeout; a dead model worker makes the process exit non-zero;
+slow request heads and bodies are cut off while keep-alive still works; the unix socket, the
+Prometheus listener and CORS of TEI's flags. Faults come from the test-only RADIXSERVE_TEST_FAULT."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from server.lifecycle import EXIT_WORKER_DEAD
+from server.testing import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Proc:
+    """A radixserve process on a free loopback port; ``stop()`` returns (returncode, output)."""
+
+    def __init__(self, model_dir, *flags: str, fault: str = "", env: dict | None = None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, PYTHONPATH=str(ROOT), RADIXSERVE_TEST_FAULT=fault, **(env or {}))
+        for key in ("API_KEY", "HOSTNAME", "PORT"):
+            env.pop(key, None)
+        cmd = [sys.executable, "-m", "server.cli", "--model-id", str(model_dir), "--hostname", "127.0.0.1",
+               "-p", str(self.port), "--max-batch-tokens", "512", *flags]
+        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 90
+        while True:
+            assert self.proc.poll() is None, self.proc.stdout.read()
+            try:
+                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "server did not come up"
+            time.sleep(0.1)
+
+    def wait(self, timeout: float) -> tuple[int, str]:
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.communicate()
+        return self.proc.returncode, out
+
+
+def _post_in_thread(url: str, results: dict, key: str, **kw) -> threading.Thread:
+    def go():
+        try:
+            results[key] = httpx.post(url, timeout=60, **kw)
+        except httpx.HTTPError as exc:  # pragma: no cover - reported by the assertion below
+            results[key] = exc
+
+    t = threading.Thread(target=go)
+    t.start()
+    return t
+
+
+def test_sigterm_drains_then_503s_what_is_left_and_exits_in_time(tiny_embedding_dir):
+    # Each forward takes 1.5 s and holds one item: A finishes inside the drain, B cannot.
+    srv = Proc(tiny_embedding_dir, "--graceful-shutdown-timeout", "3", "--max-batch-requests", "1", "--json-output",
+               fault="slow_forward=1.5", env={"RADIX_MLP_THRESHOLD": "1.0", "MAX_CLIENT_BATCH_SIZE": "7"})
+    try:
+        info = httpx.get(srv.url + "/info").json()  # flags and env vars reach the app
+        assert info["max_client_batch_size"] == 7 and info["radix_mlp_threshold"] == 1.0
+        assert info["max_batch_tokens"] == 512 and info["max_input_length"] == 512
+        results: dict = {}
+        a = _post_in_thread(srv.url + "/embed", results, "a", json={"inputs": "first"})
+        time.sleep(0.3)
+        b = _post_in_thread(srv.url + "/v1/embeddings", results, "b", json={"input": "second"})
+        time.sleep(0.3)
+        t0 = time.monotonic()
+        srv.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        new = httpx.post(srv.url + "/embed", json={"inputs": "late"}, timeout=10)
+        health = httpx.get(srv.url + "/health", timeout=10)
+        a.join(30), b.join(30)
+        code, out = srv.wait(timeout=30)
+        elapsed = time.monotonic() - t0
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+    assert new.status_code == 503 and new.headers["retry-after"] and new.json()["error_type"] == "Unhealthy"
+    assert health.status_code == 503
+    assert results["a"].status_code == 200 and len(results["a"].json()) == 1, out
+    b_resp = results["b"]
+    assert b_resp.status_code == 503 and b_resp.headers["content-type"] == "application/json", b_resp.text
+    assert b_resp.json()["error"]["code"] == "service_unavailable" and b_resp.headers["retry-after"]
+    assert code == 0, out
+    assert elapsed < 3 + 1.5, (elapsed, out)  # the grace, plus process teardown on a busy machine
+    assert "Internal Server Error" not in out and "timeout graceful shutdown exceeded" not in out
+    messages = [json.loads(line)["message"] for line in out.splitlines() if line.startswith("{")]
+    start = next(m for m in messages if m.startswith("radixserve serving"))
+    for part in ("kind=embedding", "device=cpu", "dtype=float32", "attention_backend=", "kernels=",
+                 "radix_mlp_threshold=1.0", "radix_attention=compact"):
+        assert part in start, start
+    assert any(m.startswith("draining (received SIGTERM)") for m in messages)
+    assert "Application shutdown complete." in messages
+
+
+def test_dead_worker_exits_non_zero(tiny_embedding_dir):
+    srv = Proc(tiny_embedding_dir, fault="die_on_forward=2")
+    try:
+        ok = httpx.post(srv.url + "/embed", json={"inputs": "fine"}, timeout=30)
+        dead = httpx.post(srv.url + "/embed", json={"inputs": "fatal"}, timeout=30)
+        code, out = srv.wait(timeout=30)
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+    assert ok.status_code == 200
+    assert dead.status_code == 503 and dead.json()["error_type"] == "Unhealthy"
+    assert code == EXIT_WORKER_DEAD, out
+    assert "the model worker died" in out
+
+
+def _read_until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, bool]:
+    sock.settimeout(timeout)
+    data = b""
+    try:
+        while chunk := sock.recv(65536):
+            data += chunk
+    except socket.timeout:
+        return data, False
+    except ConnectionResetError:
+        pass
+    return data, True
+
+
+def test_read_timeouts_keep_alive_and_tei_listeners(tiny_embedding_dir, tmp_path):
+    uds = str(tmp_path / "radixserve.sock")
+    prom = free_port()
+    srv = Proc(tiny_embedding_dir, "--header-read-timeout", "0.6", "--body-read-timeout", "0.6",
+               "--uds-path", uds, "--prometheus-port", str(prom), "--cors-allow-origin", "https://app.example")
+    try:
+        # Slowloris: a header line every 0.2 s, never the blank line. Closed after ~0.6 s.
+        with socket.create_connection(("127.0.0.1", srv.port)) as s:
+            t0 = time.monotonic()
+            s.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\n")
+            closed = False
+            for i in range(20):
+                time.sleep(0.2)
+                try:
+                    s.sendall(b"X-Slow-%d: y\r\n" % i)
+                except (BrokenPipeError, ConnectionResetError):
+                    closed = True
+                    break
+            if not closed:
+                _, closed = _read_until_closed(s, 0.5)
+            assert closed and time.monotonic() - t0 < 3.0
+
+        # A head that arrives in pieces within the limit, then keep-alive across two requests.
+        with socket.create_connection(("127.0.0.1", srv.port)) as s:
+            for part in (b"GET /health HTTP/1.1\r\n", b"Host: x\r\n", b"\r\n"):
+                s.sendall(part)
+                time.sleep(0.15)
+            s.settimeout(5)
+            assert s.recv(65536).startswith(b"HTTP/1.1 200")
+            time.sleep(0.3)
+            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert s.recv(65536).startswith(b"HTTP/1.1 200")  # same connection, still open
+
+        # A body that never completes: 408 in JSON, and the connection closes.
+        with socket.create_connection(("127.0.0.1", srv.port)) as s:
+            s.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: 100\r\n\r\n{\"inputs\": ")
+            data, closed = _read_until_closed(s, 3.0)
+            assert data.startswith(b"HTTP/1.1 408") and b'"Timeout"' in data and closed, data
+
+        with httpx.Client(transport=httpx.HTTPTransport(uds=uds), base_url="http://radixserve") as c:
+            assert c.get("/health").status_code == 200
+            assert len(c.post("/embed", json={"inputs": ["over the socket"]}).json()) == 1
+        metrics = httpx.get(f"http://127.0.0.1:{prom}/metrics", timeout=5).text
+        assert 'te_request_success{method="embed"} 1.0' in metrics  # the embed over the socket
+        pre = httpx.options(srv.url + "/embed", headers={"Origin": "https://app.example",
+                                                          "Access-Control-Request-Method": "POST"})
+        assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "https://app.example"
+        other = httpx.get(srv.url + "/health", headers={"Origin": "https://evil.example"})
+        assert "access-control-allow-origin" not in other.headers
+        srv.proc.send_signal(signal.SIGTERM)
+        code, out = srv.wait(timeout=30)
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+    assert code == 0, out
+    assert not os.path.exists(uds)
