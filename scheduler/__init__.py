@@ -1,5 +1,5 @@
-"""Token-budget batching, the trie index and the CPU-prep / model-worker pipeline."""
+"""Token-budget batching and the CPU-prep / model-worker pipeline (scheduler/pipeline.py)."""
 from .pipeline import BatchFailed, BatchTrace, WorkerDead
-from .service import ClientDisconnected, Scheduler, SubmitResult
+from .service import Scheduler, SubmitResult
 
-__all__ = ["BatchFailed", "BatchTrace", "ClientDisconnected", "Scheduler", "SubmitResult", "WorkerDead"]
+__all__ = ["BatchFailed", "BatchTrace", "Scheduler", "SubmitResult", "WorkerDead"]

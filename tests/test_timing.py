@@ -33,11 +33,10 @@ def test_delay_is_expected_end_minus_prep_and_margin():
     assert clock.delay_s(now=want_due + 1.0) == 0.0  # overdue: form at once
 
 
-
 def test_holds_off_every_time_while_grouping_else_only_to_probe():
     clock = JustInTime(probe_every=3)
     assert [clock.hold_this_time() for _ in range(4)] == [True] * 4
-    clock.grouping = False  # the former chose FIFO's batch: hold off only every 3rd formation
+    clock.set_grouping(False)  # the former chose FIFO's batch: hold off only every 3rd formation
     assert [clock.hold_this_time() for _ in range(6)] == [False, True, False, False, True, False]
 
 
