@@ -336,8 +336,9 @@ class Pipeline:
     # -- either thread --------------------------------------------------------------------------
     def _fail(self, batch: _Batch, stage: str, exc: Exception) -> None:
         """Fail this batch only: the details go to the log, a generic error to the clients."""
-        log.error("batch %d failed at %s; requests %s", batch.batch_id, stage, ", ".join(batch.labels), exc_info=exc)
-        self._finish(batch, error=f"{stage}: {type(exc).__name__}: {exc}")
+        error = f"{stage}: {type(exc).__name__}: {exc}"
+        log.error("batch %d failed at %s; requests %s", batch.batch_id, error, ", ".join(batch.labels), exc_info=exc)
+        self._finish(batch, error=error)
         self._settle_all(batch, BatchFailed, "the model failed on this batch")
 
     def _settle_all(self, batch: _Batch, error: type[Exception], message: str) -> None:
