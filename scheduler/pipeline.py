@@ -28,7 +28,6 @@ import numpy as np
 
 from .forming import Entry, Former
 from .metrics import Metrics
-from .timing import JustInTime
 from .waiting import WaitQueue
 
 log = logging.getLogger(__name__)
@@ -118,12 +117,10 @@ class Pipeline:
         settle: Callable[[Entry, Any, BaseException | None], None],
         label: Callable[[Entry], str],
         on_death: Callable[[BaseException], None],
-        clock: JustInTime | None = None,
         trace_len: int = 256,
     ) -> None:
         self.runner, self.waiting, self.former, self.metrics = runner, waiting, former, metrics
         self._settle_entry, self._label, self._on_death = settle, label, on_death
-        self.clock = clock
         self._trace: collections.deque[BatchTrace] = collections.deque(maxlen=trace_len)
         self._trace_lock = threading.Lock()
         self._handoff: queue.Queue = queue.Queue(maxsize=1)
@@ -182,7 +179,6 @@ class Pipeline:
         while not self._dead.is_set():
             if not self._slot.acquire(timeout=_POLL_S):
                 continue
-            self._wait_until_due()
             formed = self._form()
             if formed is None:
                 break  # closed and drained
@@ -216,8 +212,6 @@ class Pipeline:
             except Exception as exc:  # noqa: BLE001 - fails this batch only
                 head = waiting[0].request_id
                 chosen, error = list(itertools.takewhile(lambda e: e.request_id == head, waiting)), exc
-            if self.clock is not None:
-                self.clock.set_grouping(bool(getattr(self.former, "regrouped", False)))
             entries = self.waiting.remove(chosen)  # drops entries cancelled since the snapshot
             if entries:
                 return self._open(entries), error
@@ -239,8 +233,6 @@ class Pipeline:
                 m.tokens_total.labels(kind="original").inc(p.n_tokens)
                 m.tokens_total.labels(kind="compact").inc(p.n_compact)
                 m.batch_prep_duration.observe(batch.prep_end - batch.prep_start)
-            if self.clock is not None:
-                self.clock.prepared(batch.prep_end - batch.prep_start)
         except Exception as exc:  # noqa: BLE001 - fails this batch only
             self._fail(batch, "prepare", exc)
             return False
@@ -265,13 +257,6 @@ class Pipeline:
             except queue.Full:
                 continue
         return False
-
-    def _wait_until_due(self) -> None:
-        """Under just-in-time formation, hold off while the running forward is far from its end."""
-        if self.clock is None or not self.clock.hold_this_time():
-            return
-        while not self._dead.is_set() and (delay := self.clock.delay_s()) > 0:
-            self._dead.wait(min(delay, _POLL_S))
 
     # -- worker thread: run -> settle -----------------------------------------------------------
     def _worker_loop(self) -> None:
@@ -304,25 +289,18 @@ class Pipeline:
 
     def _run(self, batch: _Batch) -> None:
         batch.forward_start = time.monotonic()
-        if self.clock is not None:
-            self.clock.forward_started(batch.forward_start, batch.prepared.n_compact)
-        self._slot.release()  # NOTE: after forward_started, so the prep thread's clock sees this forward
+        self._slot.release()  # the prep thread may form the next batch while this one runs
         try:
             out = self.runner.run(batch.prepared)
         except Exception as exc:  # noqa: BLE001 - fails this batch only
-            self._forward_ended(batch)
+            batch.forward_end = time.monotonic()
             self._fail(batch, "run", exc)
             return
-        self._forward_ended(batch)
+        batch.forward_end = time.monotonic()
         try:
             self._settle(batch, out)
         except Exception as exc:  # noqa: BLE001 - fails this batch only
             self._fail(batch, "settle", exc)
-
-    def _forward_ended(self, batch: _Batch) -> None:
-        batch.forward_end = time.monotonic()
-        if self.clock is not None:
-            self.clock.forward_ended(batch.forward_end - batch.forward_start)
 
     def _settle(self, batch: _Batch, out: Any) -> None:
         values = split_outputs(out, len(batch.entries))

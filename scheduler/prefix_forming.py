@@ -46,15 +46,11 @@ class PrefixFormer:
         self.max_tokens, self.max_requests, self.config = max_tokens, max_requests, config
         self.skips: dict[int, int] = {}  # request id -> batches formed that passed it over
         self._keys: dict[int, tuple[bytes, int]] = {}  # request id -> sort key (see _build_keys)
-        self.regrouped = False  # did the last call choose another batch than FIFO would?
 
     def __call__(self, waiting: Sequence[Entry], now: float | None = None) -> list[int]:
         self._prune(waiting)
         now = time.monotonic() if now is None else now
-        chosen = _form(waiting, self, max_tokens=self.max_tokens, max_requests=self.max_requests, now=now)
-        # Read by just-in-time formation (scheduler/timing.py): forming late pays only while grouping does.
-        self.regrouped = chosen != form_batch_fifo(waiting, max_tokens=self.max_tokens, max_requests=self.max_requests)
-        return chosen
+        return _form(waiting, self, max_tokens=self.max_tokens, max_requests=self.max_requests, now=now)
 
     def _prune(self, waiting: Sequence[Entry]) -> None:
         """Forget the requests that left the queue (taken or cancelled)."""

@@ -24,7 +24,6 @@ from typing import Any, Callable
 from .forming import Entry, PrefixPolicy, make_former
 from .metrics import Metrics
 from .pipeline import BatchTrace, Pipeline, WorkerDead
-from .timing import JustInTime
 from .waiting import QueueClosed, WaitQueue
 
 log = logging.getLogger(__name__)
@@ -93,7 +92,6 @@ class Scheduler:
             settle=lambda e, value, exc: self._finish(e.payload, value, exc),
             label=lambda e: e.payload.label,
             on_death=self._on_death,
-            clock=JustInTime() if policy == "prefix" else None,
             trace_len=trace_len,
         )
 
