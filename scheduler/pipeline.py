@@ -15,13 +15,12 @@ a lock, or an Event.
 """
 from __future__ import annotations
 
-import collections
 import itertools
 import logging
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -44,23 +43,6 @@ class WorkerDead(Exception):
     """The model worker is not alive, or the scheduler is shutting down (HTTP 503)."""
 
 
-@dataclass(frozen=True)
-class BatchTrace:
-    """Timestamps (time.monotonic) and sizes of one finished batch (published once complete)."""
-
-    batch_id: int
-    request_ids: tuple[str, ...]
-    n_items: int
-    n_tokens: int
-    n_compact: int
-    used_index: bool
-    prep_start: float
-    prep_end: float
-    forward_start: float
-    forward_end: float
-    error: str | None  # "STAGE: ExceptionType: message" when the batch failed
-
-
 @dataclass
 class _Batch:
     """One batch in flight; owned by one thread at a time (the hand-off queue passes it on)."""
@@ -68,11 +50,10 @@ class _Batch:
     batch_id: int
     entries: list[Entry]
     prep_start: float
+    labels: tuple[str, ...]  # the batch's request ids, for the log
     prepared: Any = None  # what runner.prepare returned
-    prep_end: float = float("nan")
     forward_start: float = float("nan")
     forward_end: float = float("nan")
-    labels: tuple[str, ...] = field(default=())
 
 
 def pack(entries: Sequence[Entry]) -> tuple[np.ndarray, np.ndarray]:
@@ -105,7 +86,7 @@ def _host(x: Any) -> np.ndarray:
 
 
 class Pipeline:
-    """Owns the prep and worker threads, the hand-off queue and the trace of recent batches."""
+    """Owns the prep and worker threads and the hand-off queue between them."""
 
     def __init__(
         self,
@@ -117,12 +98,9 @@ class Pipeline:
         settle: Callable[[Entry, Any, BaseException | None], None],
         label: Callable[[Entry], str],
         on_death: Callable[[BaseException], None],
-        trace_len: int = 256,
     ) -> None:
         self.runner, self.waiting, self.former, self.metrics = runner, waiting, former, metrics
         self._settle_entry, self._label, self._on_death = settle, label, on_death
-        self._trace: collections.deque[BatchTrace] = collections.deque(maxlen=trace_len)
-        self._trace_lock = threading.Lock()
         self._handoff: queue.Queue = queue.Queue(maxsize=1)
         # One credit: the prep thread forms batch N+1 only once the worker has started batch N.
         # NOTE: without it, prep would form N+2 while N runs and block in put(), locking entries
@@ -156,11 +134,6 @@ class Pipeline:
         return not (self._prep.is_alive() or self._worker.is_alive())
 
     @property
-    def trace(self) -> tuple[BatchTrace, ...]:
-        with self._trace_lock:
-            return tuple(self._trace)
-
-    @property
     def idle_ratio(self) -> float:
         wall = time.monotonic() - self._t0
         with self._idle_lock:
@@ -186,11 +159,10 @@ class Pipeline:
             self._prep_busy.set()
             if error is not None:
                 self._fail(batch, "form", error)
-            elif self._prepare(batch) and self._hand_over(batch):
-                self._prep_busy.clear()
-                continue  # the worker frees the slot when it starts this batch
+            handed = error is None and self._prepare(batch) and self._hand_over(batch)
             self._prep_busy.clear()
-            self._slot.release()
+            if not handed:
+                self._slot.release()  # else the worker frees it when it starts this batch
         self._put(_STOP)
 
     def _form(self) -> tuple[_Batch, Exception | None] | None:
@@ -219,12 +191,11 @@ class Pipeline:
 
     def _open(self, entries: list[Entry]) -> _Batch:
         labels = tuple(dict.fromkeys(self._label(e) for e in entries))
-        return _Batch(next(self._batch_ids), entries, time.monotonic(), labels=labels)
+        return _Batch(next(self._batch_ids), entries, time.monotonic(), labels)
 
     def _prepare(self, batch: _Batch) -> bool:
         try:
             batch.prepared = p = self.runner.prepare(*pack(batch.entries))
-            batch.prep_end = time.monotonic()
             m = self.metrics
             if m is not None:
                 m.batch_next_size.observe(len(batch.entries))
@@ -232,7 +203,7 @@ class Pipeline:
                 m.compression_ratio.observe(p.ratio)
                 m.tokens_total.labels(kind="original").inc(p.n_tokens)
                 m.tokens_total.labels(kind="compact").inc(p.n_compact)
-                m.batch_prep_duration.observe(batch.prep_end - batch.prep_start)
+                m.batch_prep_duration.observe(time.monotonic() - batch.prep_start)
         except Exception as exc:  # noqa: BLE001 - fails this batch only
             self._fail(batch, "prepare", exc)
             return False
@@ -242,7 +213,6 @@ class Pipeline:
         try:
             if self._put(batch):
                 return True
-            self._finish(batch, error="hand over: the model worker died")
             self._settle_all(batch, WorkerDead, "the model worker is not running")
         except Exception as exc:  # noqa: BLE001 - fails this batch only
             self._fail(batch, "hand over", exc)
@@ -307,31 +277,16 @@ class Pipeline:
         forward_s = batch.forward_end - batch.forward_start
         if self.metrics is not None:
             self.metrics.forward_duration.observe(forward_s)
-        self._finish(batch)
         for e, value in zip(batch.entries, values):
             self._settle_entry(e, (value, batch.forward_start - e.arrival, forward_s), None)
 
     # -- either thread --------------------------------------------------------------------------
     def _fail(self, batch: _Batch, stage: str, exc: Exception) -> None:
         """Fail this batch only: the details go to the log, a generic error to the clients."""
-        error = f"{stage}: {type(exc).__name__}: {exc}"
-        log.error("batch %d failed at %s; requests %s", batch.batch_id, error, ", ".join(batch.labels), exc_info=exc)
-        self._finish(batch, error=error)
+        log.error("batch %d failed at %s: %s: %s; requests %s", batch.batch_id, stage, type(exc).__name__, exc,
+                  ", ".join(batch.labels), exc_info=exc)
         self._settle_all(batch, BatchFailed, "the model failed on this batch")
 
     def _settle_all(self, batch: _Batch, error: type[Exception], message: str) -> None:
         for e in batch.entries:  # NOTE: one exception object per entry: each is raised in its own task
             self._settle_entry(e, None, error(message))
-
-    def _finish(self, batch: _Batch, *, error: str | None = None) -> None:
-        """Publish the batch's trace (before its entries settle, so a caller sees it)."""
-        p = batch.prepared
-        n_tokens = sum(e.n_tokens for e in batch.entries)
-        trace = BatchTrace(
-            batch_id=batch.batch_id, request_ids=batch.labels, n_items=len(batch.entries), n_tokens=n_tokens,
-            n_compact=getattr(p, "n_compact", n_tokens), used_index=bool(getattr(p, "used_index", False)),
-            prep_start=batch.prep_start, prep_end=batch.prep_end, forward_start=batch.forward_start,
-            forward_end=batch.forward_end, error=error,
-        )
-        with self._trace_lock:
-            self._trace.append(trace)

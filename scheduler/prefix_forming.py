@@ -135,20 +135,6 @@ def _form(waiting: Sequence[Entry], state: PrefixFormer, *, max_tokens: int, max
     return [i for r in picked for i in range(int(starts[r]), int(starts[r + 1]))]
 
 
-def shared_prefix_tokens(sequences: Sequence[Sequence[int]]) -> int:
-    """Tokens RadixMLP saves on a batch of token sequences: N - N' (exact).
-
-    The trie of a set of sequences has sum(len) - sum(adjacent LCP in sorted order) nodes.
-    """
-    seqs = sorted(tuple(int(t) for t in s) for s in sequences)
-    saved = 0
-    for x, y in zip(seqs, seqs[1:]):
-        m = min(len(x), len(y))
-        diff = np.flatnonzero(np.asarray(x[:m]) != np.asarray(y[:m]))
-        saved += int(diff[0]) if diff.size else m
-    return saved
-
-
 def _lookahead(waiting: Sequence[Entry], *, max_tokens: int, max_items: int) -> Sequence[Entry]:
     """The oldest whole requests within the lookahead budget (all of ``waiting`` if it fits)."""
     total = 0

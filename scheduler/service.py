@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 from .forming import Entry, PrefixPolicy, make_former
 from .metrics import Metrics
-from .pipeline import BatchTrace, Pipeline, WorkerDead
+from .pipeline import Pipeline, WorkerDead
 from .waiting import QueueClosed, WaitQueue
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,6 @@ class Scheduler:
         policy: str = "fifo",
         prefix_policy: PrefixPolicy | None = None,
         on_death: Callable[[BaseException], None] | None = None,
-        trace_len: int = 256,
     ) -> None:
         if max_batch_tokens < 1:
             raise ValueError("max_batch_tokens must be >= 1")
@@ -92,7 +91,6 @@ class Scheduler:
             settle=lambda e, value, exc: self._finish(e.payload, value, exc),
             label=lambda e: e.payload.label,
             on_death=self._on_death,
-            trace_len=trace_len,
         )
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -119,15 +117,6 @@ class Scheduler:
     @property
     def queue_size(self) -> int:
         return self._waiting.size
-
-    @property
-    def trace(self) -> tuple[BatchTrace, ...]:
-        """The most recent finished batches (bounded), oldest first."""
-        return self._pipeline.trace
-
-    @property
-    def worker_idle_ratio(self) -> float:
-        return self._pipeline.idle_ratio
 
     # -- settling (any thread) ------------------------------------------------------------------
     def _finish(self, ticket: _Ticket, value: Any, exc: BaseException | None) -> None:

@@ -3,8 +3,7 @@
 Checked: light load is exactly FIFO; budgets and request atomicity always hold; grouping by
 shared prefix (one query's requests per batch); aging by time and by skips; no starvation under
 a constant inflow; better compression than FIFO (measured with models.radix.build_index); the
-shared_prefix_tokens helper against build_index's N - N'; the former's own state (skips, keys)
-kept only for requests still waiting.
+former's own state (skips, keys) kept only for requests still waiting.
 """
 from __future__ import annotations
 
@@ -18,7 +17,7 @@ from hypothesis import strategies as st
 
 from models.radix import build_index, positions_from_cu_seqlens
 from scheduler.forming import Entry, PrefixPolicy, form_batch_fifo, make_former
-from scheduler.prefix_forming import PrefixFormer, shared_prefix_tokens
+from scheduler.prefix_forming import PrefixFormer
 
 SYSTEM = list(range(1000, 1040))  # the template prefix every request shares (40 tokens)
 # Grouping mechanics in isolation: no aging, and any gain over FIFO is worth a reorder.
@@ -301,14 +300,6 @@ def test_prefix_policy_compresses_better_than_fifo():
     c_prefix, n_prefix = drain(waiting, "prefix", max_tokens=4 * 4 * 70)
     assert n_fifo == n_prefix == sum(e.n_tokens for e in waiting)
     assert c_prefix / n_prefix < c_fifo / n_fifo
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=10), min_size=1, max_size=8))
-def test_shared_prefix_tokens_matches_build_index(seqs):
-    batch = [Entry(0, s, 0.0) for s in seqs]
-    n_compact, n = compact_and_total(batch)
-    assert shared_prefix_tokens(seqs) == n - n_compact
 
 
 @settings(max_examples=60, deadline=None)

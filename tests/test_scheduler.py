@@ -45,25 +45,31 @@ class FakeRunner:
         self.run_s, self.prep_s, self.threshold = run_s, prep_s, threshold
         self.fail_token, self.die_token, self.prep_fail_token = fail_token, die_token, prep_fail_token
         self.prepared: list[FakePrepared] = []
+        self.prep_times: list[tuple[float, float]] = []  # (start, end) per batch prepared
+        self.run_times: list[tuple[float, float]] = []  # (start, end) per batch run
         self.gate = threading.Event()
         self.gate.set()
         self.running = threading.Event()
 
     def prepare(self, input_ids, cu_seqlens):
         assert input_ids.dtype == np.int32 and cu_seqlens.dtype == np.int32
+        t0 = time.monotonic()
         time.sleep(self.prep_s)
         seqs = [input_ids[cu_seqlens[i] : cu_seqlens[i + 1]].tolist() for i in range(len(cu_seqlens) - 1)]
         if self.prep_fail_token in input_ids:
             raise ValueError("injected prepare failure")
         prepared = FakePrepared(seqs, self.threshold)
         self.prepared.append(prepared)
+        self.prep_times.append((t0, time.monotonic()))
         return prepared
 
     def run(self, prepared):
         seqs = prepared.seqs
         self.running.set()
         self.gate.wait(10)
+        t0 = time.monotonic()
         time.sleep(self.run_s)
+        self.run_times.append((t0, time.monotonic()))
         tokens = {t for s in seqs for t in s}
         if self.die_token in tokens:
             raise Boom("worker killed")
@@ -163,19 +169,19 @@ def test_budget_fifo_and_requests_kept_whole():
 
 
 def test_request_larger_than_budget_is_split_in_order():
-    runner = FakeRunner()
+    runner = FakeRunner(run_s=0.05)
     items = req_items(1, [30, 30, 30, 30, 20])
 
     async def go(sched):
         return await sched.submit(items)
 
-    sched, res = run_async(runner, go, max_batch_tokens=64)
+    _, res = run_async(runner, go, max_batch_tokens=64)
     batches = runner.batches()
     assert len(batches) > 1 and all(sum(map(len, b)) <= 64 for b in batches)
     assert [s for b in batches for s in b] == items
     assert all(np.array_equal(o, expected(i)) for i, o in zip(items, res.outputs))
-    forward = [t.forward_end - t.forward_start for t in sched.trace]
-    assert res.inference_time_s == pytest.approx(max(forward))
+    forward = max(end - start for start, end in runner.run_times)  # the slowest of its batches
+    assert forward <= res.inference_time_s < forward + 0.05
 
 
 def test_cancelled_entries_are_dropped():
@@ -205,13 +211,14 @@ def test_prep_of_next_batch_overlaps_forward():
     async def go(sched):
         return await asyncio.gather(*(sched.submit(req_items(r, [8])) for r in range(4)))
 
-    sched, _ = run_async(runner, go, max_batch_requests=1)
-    trace = sorted(sched.trace, key=lambda t: t.batch_id)
-    assert len(trace) == 4
-    for cur, nxt in zip(trace, trace[1:]):
-        assert nxt.prep_start < cur.forward_end  # batch k+1 was being prepared while k ran
-        assert nxt.prep_end < cur.forward_end
-        assert cur.forward_end <= nxt.forward_start
+    run_async(runner, go, max_batch_requests=1)
+    assert len(runner.prep_times) == len(runner.run_times) == 4
+    for (_, cur_end), (nxt_prep_start, nxt_prep_end), (nxt_start, _) in zip(
+        runner.run_times, runner.prep_times[1:], runner.run_times[1:]
+    ):
+        assert nxt_prep_start < cur_end  # batch k+1 was being prepared while k ran
+        assert nxt_prep_end < cur_end
+        assert cur_end <= nxt_start
 
 
 def test_batch_exception_fails_only_that_batch():
@@ -243,9 +250,9 @@ def test_compression_reaches_the_metrics():
         await sched.submit(distinct)
 
     metrics = Metrics()
-    sched, _ = run_async(runner, go, metrics=metrics)
-    assert [t.used_index for t in sched.trace] == [True, False]
-    assert [t.n_compact for t in sched.trace] == [8, 6]
+    run_async(runner, go, metrics=metrics)
+    assert [p.used_index for p in runner.prepared] == [True, False]
+    assert [p.n_compact for p in runner.prepared] == [8, 6]
     assert sample(metrics, "radixserve_tokens_total", kind="compact") == 8 + 6
     assert sample(metrics, "radixserve_tokens_total", kind="original") == 38
     assert sample(metrics, "te_radix_mlp_compression_ratio_sum") == pytest.approx(0.25 + 1.0)

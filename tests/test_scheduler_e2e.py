@@ -2,7 +2,7 @@
 
 The prefix test blocks the first batch's preparation until the whole backlog is queued, so every
 later batch is formed from the same queue under either policy; N'/N per batch comes from the
-fake runner's count of distinct prefixes (the trie's definition) through the scheduler's trace.
+fake runner's count of distinct prefixes (the trie's definition).
 The real runner's ``prepare`` builds and gates the trie itself: checked against build_index.
 """
 from __future__ import annotations
@@ -59,14 +59,14 @@ def mean_ratio_after_first(policy: str) -> tuple[float, list]:
     # Budget: three requests (2 x 75 tokens each) per batch.
     # A static backlog drained at once: with the default skip budget (2) most requests age out
     # within a few batches and go oldest-first, so give the grouping room to show.
-    sched, results = run_async(runner, go, max_batch_tokens=450, policy=policy,
+    _, results = run_async(runner, go, max_batch_tokens=450, policy=policy,
                                prefix_policy=PrefixPolicy(max_skips=8))
     for items, res in zip(reqs, results):
         for item, out in zip(items, res.outputs):
             assert np.array_equal(out, expected(item))
-    later = list(sched.trace)[1:]
-    assert later and all(t.used_index for t in later)
-    return float(np.mean([t.n_compact / t.n_tokens for t in later])), later
+    later = runner.prepared[1:]
+    assert later and all(p.used_index for p in later)
+    return float(np.mean([p.n_compact / p.n_tokens for p in later])), later
 
 
 def test_prefix_policy_improves_compression_over_fifo():
@@ -74,7 +74,7 @@ def test_prefix_policy_improves_compression_over_fifo():
     prefix, batches = mean_ratio_after_first("prefix")
     # Grouping three requests of one query per batch shares query tokens that FIFO mostly mixes.
     assert prefix < fifo - 0.05, (prefix, fifo)
-    assert all(t.n_tokens <= 450 for t in batches)
+    assert all(p.n_tokens <= 450 for p in batches)
 
 
 def test_scheduled_results_match_direct_runner(tiny_embedding_dir):
@@ -86,8 +86,7 @@ def test_scheduled_results_match_direct_runner(tiny_embedding_dir):
     async def go(sched):
         return await asyncio.gather(*(sched.submit(items) for items in reqs))
 
-    sched, results = run_async(runner, go, max_batch_tokens=64)
-    assert all(t.used_index for t in sched.trace)
+    _, results = run_async(runner, go, max_batch_tokens=64)
     for items, res in zip(reqs, results):
         for item, out in zip(items, res.outputs):
             cu = np.array([0, len(item)], np.int32)
