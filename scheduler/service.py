@@ -112,7 +112,8 @@ class Scheduler:
 
     @property
     def alive(self) -> bool:
-        return self._accepting and self._pipeline.alive
+        with self._lock:
+            return self._accepting and self._pipeline.alive
 
     @property
     def queue_size(self) -> int:
@@ -172,7 +173,7 @@ class Scheduler:
         tickets = [_Ticket(loop, label) for _ in items]
         entries = [Entry(rid, list(ids), now, payload=t) for ids, t in zip(items, tickets)]
         with self._lock:
-            if not self.alive:
+            if not (self._accepting and self._pipeline.alive):
                 raise WorkerDead("the model worker is not running")
             try:
                 self._waiting.push(entries)

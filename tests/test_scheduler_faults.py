@@ -196,25 +196,35 @@ def test_submit_is_not_blocked_by_a_slow_former(monkeypatch):
 
 def test_entries_cancelled_while_forming_are_dropped(monkeypatch):
     runner = FakeRunner()
-    forming, release = threading.Event(), threading.Event()
+    queued, forming, release = threading.Event(), threading.Event(), threading.Event()
+    snapshots = []
 
     async def go(sched):
-        real = sched._pipeline.former
+        real, real_snapshot = sched._pipeline.former, sched._waiting.snapshot
+
+        def snapshot(timeout=None):
+            queued.wait(5)  # the prep thread looks only once both requests wait
+            return real_snapshot(timeout)
 
         def held(waiting, now):
+            snapshots.append(len(waiting))
             if not release.is_set():
                 forming.set()
                 release.wait(5)
             return real(waiting, now)
 
+        monkeypatch.setattr(sched._waiting, "snapshot", snapshot)
         monkeypatch.setattr(sched._pipeline, "former", held)
         keep = asyncio.ensure_future(sched.submit(req_items(1, [3])))
         drop = asyncio.ensure_future(sched.submit(req_items(2, [3])))
-        await asyncio.to_thread(forming.wait, 5)  # both are in the former's snapshot
+        await until(lambda: sched.queue_size == 2)
+        queued.set()
+        await asyncio.to_thread(forming.wait, 5)
         drop.cancel()
         await asyncio.sleep(0.01)
         release.set()
         return await keep
 
     run_async(runner, go)
+    assert snapshots[0] == 2  # the former chose from both requests
     assert runner.batches() == [req_items(1, [3])]  # the cancelled request never reached prepare
