@@ -1,6 +1,6 @@
-"""The two threads behind the scheduler, and the life of one batch as six short steps.
+"""The two threads behind the scheduler, and the life of one batch as short steps in one place.
 
-    prep thread:    form -> prepare (pack, then runner.prepare: trie, gate, tensors) -> hand over
+    prep thread:    form -> prepare (pack; runner.prepare builds and gates the index, then tensors)
     worker thread:  run -> settle
 
 The prep thread forms a batch from a snapshot of the waiting queue (no lock held while the former
