@@ -26,7 +26,7 @@ import torch
 from models.batch import build_forward_batch
 from models.config import ModelConfig
 from models.runner import Runner, load_runner
-from scheduler.radix import build_index, positions_from_cu_seqlens
+from models.radix import build_index, positions_from_cu_seqlens
 
 MODES = ("off", "paper", "compact")
 

@@ -1,4 +1,4 @@
-"""`radixserve-loadtest`: run | compare | dataset.
+"""`radixserve-loadtest`: run | compare | dataset | soak.
 
   radixserve-loadtest run --url http://127.0.0.1:8080 --workload rerank --concurrency 8 --out out/
   radixserve-loadtest compare --model-id DIR --workload embed-template \\
@@ -8,6 +8,7 @@
   radixserve-loadtest compare --model-id DIR --workload embed-chunks --concurrency 1 --ports 8000-8010 \
       --server "cache-off: --prefix-cache-size 0" --server "cache-on@8020: "
   radixserve-loadtest dataset --source synthetic --query-words 80,160 --out long-queries.jsonl
+  radixserve-loadtest soak --target http://127.0.0.1:8080 --duration 600 --pid PID --out out/soak
 
 Every report names its data source; synthetic data is labelled "synthetic" wherever it appears.
 """
@@ -144,6 +145,15 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("dataset", help="write the chosen data set as MS MARCO-schema JSONL")
     _add_data_args(d)
     d.add_argument("--out", required=True, help="output .jsonl")
+
+    s = sub.add_parser("soak", help="valid and hostile requests against a local server; RSS, fds, codes, drift")
+    s.add_argument("--target", required=True, help="loopback server URL, e.g. http://127.0.0.1:8080")
+    s.add_argument("--duration", type=_positive_float, required=True, help="seconds to run")
+    s.add_argument("--concurrency", type=_positive_int, default=4, help="workers")
+    s.add_argument("--interval", type=_positive_float, default=5.0, help="seconds between samples")
+    s.add_argument("--pid", type=_positive_int, default=None, help="server process id (RSS and fds from /proc)")
+    s.add_argument("--max-requests", type=_positive_int, default=100_000, help="stop after this many requests")
+    s.add_argument("--out", required=True, help="output directory (soak.json, soak.md)")
     return p
 
 
@@ -247,6 +257,20 @@ def cmd_dataset(a) -> int:
     return 0
 
 
+def cmd_soak(a) -> int:
+    import asyncio
+
+    from loadtest import soak
+
+    config = soak.SoakConfig(url=a.target, duration_s=a.duration, concurrency=a.concurrency,
+                             interval_s=a.interval, pid=a.pid, max_requests=a.max_requests)
+    result = asyncio.run(soak.soak(config))
+    js, md = soak.write(result, a.out)
+    print(md.read_text())
+    print(f"wrote {js} and {md}", file=sys.stderr)
+    return 0 if result.ok else 1
+
+
 def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)
 
@@ -257,7 +281,7 @@ def main(argv=None) -> int:
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main else None
     try:
-        return {"run": cmd_run, "compare": cmd_compare, "dataset": cmd_dataset}[a.cmd](a)
+        return {"run": cmd_run, "compare": cmd_compare, "dataset": cmd_dataset, "soak": cmd_soak}[a.cmd](a)
     except (datasets.DatasetError, ValueError, TargetDown) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

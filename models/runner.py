@@ -1,8 +1,9 @@
 """Runner: a loaded model plus its pooling/head, with the prepare (host) / run (device) split.
 
 Invariant: `prepare` is host-only (numpy, pinned copies) so the scheduler's CPU thread can build
-batch N+1 while `run` executes batch N; `run` returns CPU float32 with one device-to-host copy.
-Backend and kernels are chosen once here, at build time.
+batch N+1 while `run` executes batch N; it builds the prefix trie and applies the threshold gate
+itself, so callers see batches, never tries. `run` returns CPU float32 with one device-to-host
+copy. Backend and kernels are chosen once here, at build time.
 """
 from __future__ import annotations
 
@@ -20,11 +21,28 @@ from models.config import ModelConfig
 from models.loader import default_device, load_weights, parse_dtype, resolve_model_dir
 from models.pooling import POOLINGS, pool, rerank_logits
 from models.qwen3 import Kernels, Qwen3Model
+from models.radix import build_index, positions_from_cu_seqlens
 
 KINDS = ("embedding", "reranker")
 RADIX_ATTENTION = ("compact", "paper")
 _POOLING_KEYS = (("pooling_mode_lasttoken", "last-token"), ("pooling_mode_mean_tokens", "mean"),
                  ("pooling_mode_cls_token", "cls"))
+
+
+def use_index(threshold: float, ratio: float) -> bool:
+    """The trie gate: 0 never (not even built), >= 1 always, else iff N'/N < threshold."""
+    return threshold >= 1.0 or (threshold > 0.0 and ratio < threshold)
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """One batch ready for `run`, and the figures the scheduler reports about it."""
+
+    forward: ForwardBatch
+    n_tokens: int  # N, original tokens
+    n_compact: int  # rows the model runs on: N' with the trie, N without
+    ratio: float  # N'/N of the trie (1.0 when it was not built)
+    used_index: bool  # did the gate let the trie through
 
 
 @dataclass
@@ -46,13 +64,27 @@ class Runner:
     default_prompt_name: str | None = None
     yes_id: int | None = None
     no_id: int | None = None
+    radix_threshold: float = 0.95  # the trie gate (see use_index)
 
-    def prepare(self, input_ids, cu_seqlens, index=None) -> ForwardBatch:
-        """Host side: everything the forward needs, pinned and queued to the device."""
-        return build_forward_batch(
+    def prepare(self, input_ids, cu_seqlens) -> PreparedBatch:
+        """Host side: input_ids int [N], cu_seqlens int [B+1] -> everything the forward needs.
+
+        Builds the trie unless the threshold is 0, keeps it iff the gate says so, and pins and
+        queues the tensors to the device.
+        """
+        n = int(cu_seqlens[-1])
+        index, ratio = None, 1.0
+        if self.radix_threshold > 0.0:
+            built = build_index(input_ids, positions_from_cu_seqlens(cu_seqlens), cu_seqlens)
+            ratio = float(built.ratio)
+            if use_index(self.radix_threshold, ratio):
+                index = built
+        forward = build_forward_batch(
             input_ids, cu_seqlens, index, mode=self.radix_attention, device=self.device,
             mean_pooling=self.kind == "embedding" and self.pooling == "mean",
         )
+        n_compact = n if index is None else len(index.compact_ids)
+        return PreparedBatch(forward, n_tokens=n, n_compact=n_compact, ratio=ratio, used_index=index is not None)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Differentiable pooled output on the device: [B, E] embeddings or [B] raw scores."""
@@ -61,8 +93,9 @@ class Runner:
             return rerank_logits(self.model, hidden, batch, yes_id=self.yes_id, no_id=self.no_id)
         return pool(self.model, hidden, batch, self.pooling)
 
-    def run(self, batch: ForwardBatch) -> torch.Tensor:
+    def run(self, prepared: PreparedBatch) -> torch.Tensor:
         """CPU float32: [B, E] pooled embeddings (not normalised) or [B] raw reranker scores."""
+        batch = prepared.forward
         with torch.inference_mode():
             if batch.num_seqs == 0:
                 shape = (0,) if self.kind == "reranker" else (0, self.hidden_size)
@@ -108,8 +141,10 @@ def _token_id(tok: Tokenizer, word: str) -> int:
 
 def load_runner(model_id: str, *, revision: str | None = None, device=None, dtype=None,
                 radix_attention: str = "compact", pooling: str | None = None,
-                kind: str | None = None) -> Runner:
+                kind: str | None = None, radix_threshold: float = 0.95) -> Runner:
     """Resolve, load and wire up a model for serving (see docs/architecture.md)."""
+    if not radix_threshold >= 0.0:  # NOTE: also refuses NaN
+        raise ValueError(f"radix_threshold must be >= 0, got {radix_threshold!r}")
     if radix_attention not in RADIX_ATTENTION:
         raise ValueError(f"radix_attention must be one of {RADIX_ATTENTION}, got {radix_attention!r}")
     if pooling is not None and pooling not in POOLINGS:
@@ -143,6 +178,6 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         radix_attention=radix_attention, attention_backend=backend.name,
         kernels=kernels.describe(device), max_positions=max_positions,
         hidden_size=cfg.hidden_size, prompts=prompts, default_prompt_name=default_prompt_name,
-        yes_id=yes_id, no_id=no_id,
+        yes_id=yes_id, no_id=no_id, radix_threshold=float(radix_threshold),
     )
 

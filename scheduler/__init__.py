@@ -1,5 +1,5 @@
-"""Token-budget batching, the trie index and the CPU-prep / model-worker pipeline."""
-from .pipeline import BatchFailed, BatchTrace, WorkerDead
-from .service import ClientDisconnected, Scheduler, SubmitResult
+"""Token-budget batching and the CPU-prep / model-worker pipeline (scheduler/pipeline.py)."""
+from .pipeline import BatchFailed, WorkerDead
+from .service import Scheduler, SubmitResult
 
-__all__ = ["BatchFailed", "BatchTrace", "ClientDisconnected", "Scheduler", "SubmitResult", "WorkerDead"]
+__all__ = ["BatchFailed", "Scheduler", "SubmitResult", "WorkerDead"]

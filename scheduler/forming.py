@@ -4,16 +4,23 @@ An entry is one input item; entries of one client request share ``request_id`` a
 batch whenever the request fits the budget (a request larger than a whole batch is split, in
 order). No entry is longer than the token budget (the server caps input length at
 min(model max positions, max_batch_tokens)), so every entry fits an empty batch.
-Two policies: "fifo" (arrival order) and "prefix" (scheduler/prefix_forming.py: groups requests
-that share token prefixes, with aging; identical to FIFO whenever everything waiting fits).
+A former is a callable ``former(waiting, now) -> ascending indices into waiting``; it runs on the
+prep thread over a snapshot of the queue, never under the queue's lock. Two policies: "fifo"
+(arrival order) and "prefix" (scheduler/prefix_forming.py: groups requests that share token
+prefixes, with aging; identical to FIFO whenever everything waiting fits).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
+
+POLICIES = ("fifo", "prefix")
+
+# former(waiting, now) -> ascending indices into ``waiting`` of the next batch (never empty).
+Former = Callable[[Sequence["Entry"], float], list[int]]
 
 
-@dataclass
+@dataclass(eq=False)  # NOTE: identity equality and hash: the queue removes entries by identity
 class Entry:
     """One waiting input item."""
 
@@ -21,10 +28,6 @@ class Entry:
     input_ids: list[int]
     arrival: float  # time.monotonic() when enqueued
     payload: object = field(default=None, repr=False)  # the scheduler's bookkeeping
-    # Prefix policy bookkeeping: batches formed that passed this entry over for a later one, and
-    # the cached sort key of its leading tokens (key bytes, key length).
-    skips: int = field(default=0, repr=False, compare=False)
-    prefix_key: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def n_tokens(self) -> int:
@@ -94,27 +97,14 @@ class PrefixPolicy:
             raise ValueError(f"invalid prefix batching policy {self}")
 
 
-def form_batch(
-    waiting: Sequence[Entry],
-    *,
-    max_tokens: int,
-    max_requests: int | None = None,
-    policy: str = "fifo",
-    now: float | None = None,
-    prefix: PrefixPolicy | None = None,
-) -> list[int]:
-    """Ascending indices into ``waiting`` of the next batch under ``policy`` ("fifo" | "prefix").
-
-    NOTE: "prefix" counts skips on the entries it passes over, so call it once per batch formed
-    (and take what it returns), as the scheduler's queue does. ``now`` defaults to monotonic().
-    """
+def make_former(
+    policy: str, *, max_tokens: int, max_requests: int | None = None, prefix: PrefixPolicy | None = None
+) -> Former:
+    """The former of ``policy`` ("fifo" | "prefix") under the given budget."""
     if policy == "fifo":
-        return form_batch_fifo(waiting, max_tokens=max_tokens, max_requests=max_requests)
+        return lambda waiting, now: form_batch_fifo(waiting, max_tokens=max_tokens, max_requests=max_requests)
     if policy == "prefix":
-        from .prefix_forming import form_batch_prefix  # NOTE: lazy, it imports this module
+        from .prefix_forming import PrefixFormer  # NOTE: lazy, it imports this module
 
-        return form_batch_prefix(
-            waiting, max_tokens=max_tokens, max_requests=max_requests, now=now,
-            config=prefix if prefix is not None else PrefixPolicy(),
-        )
-    raise ValueError(f"unknown batching policy {policy!r}")
+        return PrefixFormer(max_tokens=max_tokens, max_requests=max_requests, config=prefix or PrefixPolicy())
+    raise ValueError(f"unknown batching policy {policy!r}; choose one of {POLICIES}")

@@ -1,4 +1,4 @@
-"""Prefix-aware batch formation (issue 7): put requests that share token prefixes in one batch.
+"""Prefix-aware batch formation: put requests that share token prefixes in one batch.
 
 RadixMLP only dedupes what one batch holds. When more than a batch waits, this former looks at
 each request's leading ``depth`` tokens (its first item's) and sorts the requests by them:
@@ -14,8 +14,9 @@ comes first); the token and item budgets always hold; when everything waiting fi
 the result is exactly ``form_batch_fifo``'s; a request older than ``max_wait_s`` or passed over
 ``max_skips`` times is taken before any grouping, oldest first, so nothing starves. Cost: one
 Python sort of R byte strings plus O(R * depth) numpy, for the R requests within the oldest
-``lookahead_batches`` batches' worth of the queue; keys are cached on the entries, so each
-entry's tokens are converted once.
+``lookahead_batches`` batches' worth of the queue, plus O(queue) to prune its state; the former
+owns that state (skips and sort keys per request id, the key of a request's first waiting item),
+keeps it only for requests still waiting, and runs on a snapshot outside the queue's lock.
 """
 from __future__ import annotations
 
@@ -30,23 +31,55 @@ import numpy as np
 from .forming import Entry, PrefixPolicy, form_batch_fifo
 
 # NOTE: map(attrgetter) over thousands of entries costs a fraction of a generator's time.
-_REQUEST_ID, _INPUT_IDS = attrgetter("request_id"), attrgetter("input_ids")
-_SKIPS, _ARRIVAL, _KEY = attrgetter("skips"), attrgetter("arrival"), attrgetter("prefix_key")
+_REQUEST_ID, _INPUT_IDS, _ARRIVAL = attrgetter("request_id"), attrgetter("input_ids"), attrgetter("arrival")
 
 
-def form_batch_prefix(
-    waiting: Sequence[Entry],
-    *,
-    max_tokens: int,
-    max_requests: int | None = None,
-    now: float | None = None,
-    config: PrefixPolicy = PrefixPolicy(),
-) -> list[int]:
-    """Ascending indices into ``waiting`` of the next batch (see the module docstring).
+class PrefixFormer:
+    """The "prefix" former: ``former(waiting, now)`` -> ascending indices of the next batch.
 
-    NOTE: increments ``skips`` on the head entry of every request passed over (some later request
-    was chosen instead), so call it once per batch formed.
+    NOTE: it counts a skip for every request passed over (some later request was chosen
+    instead), so call it once per batch formed and take what it returns.
     """
+
+    def __init__(self, *, max_tokens: int, max_requests: int | None = None,
+                 config: PrefixPolicy = PrefixPolicy()) -> None:
+        self.max_tokens, self.max_requests, self.config = max_tokens, max_requests, config
+        self.skips: dict[int, int] = {}  # request id -> batches formed that passed it over
+        self._keys: dict[int, tuple[bytes, int]] = {}  # request id -> sort key (see _build_keys)
+
+    def __call__(self, waiting: Sequence[Entry], now: float | None = None) -> list[int]:
+        self._prune(waiting)
+        now = time.monotonic() if now is None else now
+        return _form(waiting, self, max_tokens=self.max_tokens, max_requests=self.max_requests, now=now)
+
+    def _prune(self, waiting: Sequence[Entry]) -> None:
+        """Forget the requests that left the queue (taken or cancelled)."""
+        if not self.skips and not self._keys:
+            return
+        live = set(map(_REQUEST_ID, waiting))
+        for state in (self.skips, self._keys):
+            for rid in [r for r in state if r not in live]:
+                del state[rid]
+
+    def keys(self, heads: list[Entry]) -> list[tuple[bytes, int]]:
+        """Sort keys of the requests whose head entries are ``heads``, built once per request."""
+        missing = [h for h in heads if h.request_id not in self._keys]
+        if missing:
+            self._keys.update(zip(map(_REQUEST_ID, missing), _build_keys(missing, self.config.depth)))
+        return [self._keys[h.request_id] for h in heads]
+
+    def count_skips(self, heads: list[Entry], picked: set[int], last: int) -> None:
+        """Every request older than the newest one picked and not picked itself was passed over."""
+        for r in range(last):
+            if r not in picked:
+                rid = heads[r].request_id
+                self.skips[rid] = self.skips.get(rid, 0) + 1
+
+
+def _form(waiting: Sequence[Entry], state: PrefixFormer, *, max_tokens: int, max_requests: int | None,
+          now: float) -> list[int]:
+    """Ascending indices into ``waiting`` of the next batch (see the module docstring)."""
+    config = state.config
     n = len(waiting)
     fifo = form_batch_fifo(waiting, max_tokens=max_tokens, max_requests=max_requests)
     if len(fifo) == n:
@@ -60,8 +93,7 @@ def form_batch_prefix(
     if tokens[0] > max_tokens or items[0] > cap:
         return fifo  # the head is split in order anyway: it fills the batch alone
     heads = list(waiting) if len(items) == n else [waiting[s] for s in starts[:-1].tolist()]
-    now = time.monotonic() if now is None else now
-    skips = np.fromiter(map(_SKIPS, heads), dtype=np.int64, count=len(heads))
+    skips = np.fromiter((state.skips.get(h.request_id, 0) for h in heads), dtype=np.int64, count=len(heads))
     age = now - np.fromiter(map(_ARRIVAL, heads), dtype=np.float64, count=len(heads))
     urgent = np.flatnonzero((skips >= config.max_skips) | (age >= config.max_wait_s)).tolist()
     tokens_left, items_left = max_tokens, cap
@@ -74,12 +106,12 @@ def form_batch_prefix(
         elif not chosen:  # the oldest urgent request is larger than a batch: split it in order
             s, e = int(starts[r]), int(starts[r + 1])
             part = form_batch_fifo(waiting[s:e], max_tokens=max_tokens, max_requests=max_requests)
-            _count_skips(heads, set(), r)
+            state.count_skips(heads, set(), r)
             return [s + i for i in part]
         else:
             break
 
-    order, lcp = _sorted_keys(heads, config.depth)  # [R] request of each sorted slot, [R-1]
+    order, lcp = _sorted_keys(state.keys(heads), config.depth)  # [R] request of each sorted slot, [R-1]
     rank = np.empty(len(heads), dtype=np.int64)
     rank[order] = np.arange(len(heads))
     tok_s, cnt_s = tokens[order], items[order]
@@ -99,22 +131,8 @@ def form_batch_prefix(
         if gain <= config.min_gain * float(tok_s[slots].sum()):
             return fifo
     picked = sorted(order[slots].tolist())
-    _count_skips(heads, set(picked), picked[-1])
+    state.count_skips(heads, set(picked), picked[-1])
     return [i for r in picked for i in range(int(starts[r]), int(starts[r + 1]))]
-
-
-def shared_prefix_tokens(sequences: Sequence[Sequence[int]]) -> int:
-    """Tokens RadixMLP saves on a batch of token sequences: N - N' (exact).
-
-    The trie of a set of sequences has sum(len) - sum(adjacent LCP in sorted order) nodes.
-    """
-    seqs = sorted(tuple(int(t) for t in s) for s in sequences)
-    saved = 0
-    for x, y in zip(seqs, seqs[1:]):
-        m = min(len(x), len(y))
-        diff = np.flatnonzero(np.asarray(x[:m]) != np.asarray(y[:m]))
-        saved += int(diff[0]) if diff.size else m
-    return saved
 
 
 def _lookahead(waiting: Sequence[Entry], *, max_tokens: int, max_items: int) -> Sequence[Entry]:
@@ -141,33 +159,21 @@ def _requests(waiting: Sequence[Entry]) -> tuple[np.ndarray, np.ndarray]:
     return starts, np.add.reduceat(lens, starts[:-1])
 
 
-def _keys(heads: list[Entry], depth: int) -> list[tuple[bytes, int]]:
-    """(big-endian bytes of token+1 zero-padded to depth tokens, key length) per request.
-
-    Cached on the entries; the missing ones are built in one numpy pass (this runs while the
-    waiting queue's lock is held, so the event loop's pushes wait for it).
-    """
-    width = 4 * depth  # a cached key built for another depth has another width
-    keys = list(map(_KEY, heads))
-    stale = [i for i, k in enumerate(keys) if k is None or len(k[0]) != width]
-    if not stale:
-        return keys
-    lens = np.fromiter((min(len(heads[i].input_ids), depth) for i in stale), dtype=np.int64, count=len(stale))
+def _build_keys(heads: list[Entry], depth: int) -> list[tuple[bytes, int]]:
+    """(big-endian bytes of token+1 zero-padded to depth tokens, key length) per request, in one numpy pass."""
+    lens = np.fromiter((min(len(h.input_ids), depth) for h in heads), dtype=np.int64, count=len(heads))
     flat = np.fromiter(
-        itertools.chain.from_iterable(heads[i].input_ids[:depth] for i in stale), dtype=np.int64, count=int(lens.sum())
+        itertools.chain.from_iterable(h.input_ids[:depth] for h in heads), dtype=np.int64, count=int(lens.sum())
     )
-    grid = np.zeros((len(stale), depth), dtype=">u4")  # [S, depth]
+    grid = np.zeros((len(heads), depth), dtype=">u4")  # [S, depth]
     # NOTE: +1 so the zero padding sorts a proper prefix before its extensions.
     grid[np.arange(depth) < lens[:, None]] = flat + 1
-    blob = grid.tobytes()
-    for j, (i, n) in enumerate(zip(stale, lens.tolist())):
-        keys[i] = heads[i].prefix_key = (blob[j * width : (j + 1) * width], n)
-    return keys
+    blob, width = grid.tobytes(), 4 * depth
+    return [(blob[j * width : (j + 1) * width], n) for j, n in enumerate(lens.tolist())]
 
 
-def _sorted_keys(heads: list[Entry], depth: int) -> tuple[np.ndarray, np.ndarray]:
+def _sorted_keys(keys: list[tuple[bytes, int]], depth: int) -> tuple[np.ndarray, np.ndarray]:
     """Requests in lexicographic order of their keys (stable) and adjacent LCPs [R-1]."""
-    keys = _keys(heads, depth)
     blobs = [k[0] for k in keys]
     order = np.asarray(sorted(range(len(keys)), key=blobs.__getitem__), dtype=np.int64)
     grid = np.frombuffer(b"".join([blobs[i] for i in order.tolist()]), dtype=np.uint32)
@@ -240,10 +246,3 @@ def _saving(slots: np.ndarray, lcp: np.ndarray) -> int:
         return 0
     padded = np.concatenate((lcp, [0]))  # NOTE: reduceat needs every start index in range
     return int(np.minimum.reduceat(padded, slots)[:-1].sum())
-
-
-def _count_skips(heads: list[Entry], picked: set[int], last: int) -> None:
-    """Every request older than the newest one picked and not picked itself was passed over."""
-    for r in range(last):
-        if r not in picked:
-            heads[r].skips += 1

@@ -1,42 +1,37 @@
 """The Scheduler: the asyncio-facing front of the batching pipeline.
 
 ``submit`` runs on the event loop: it enqueues one entry per item (one request's items
-contiguous, same request_id) and awaits one future per item; the worker thread resolves them
-with ``loop.call_soon_threadsafe``. Invariant: every future handed out is settled exactly once,
-by a result, BatchFailed, WorkerDead, or its own cancellation.
+contiguous) and awaits one future per item; the worker thread resolves them with
+``loop.call_soon_threadsafe``. Invariant: every future handed out is settled exactly once, by a
+result, BatchFailed, WorkerDead, or its own cancellation.
 
-Client disconnects: cancellation is the mechanism. If the task awaiting ``submit`` is cancelled,
-its entries still waiting are dropped (the runner never sees them); entries already in a
-prepared batch run but their results are discarded. ``is_disconnected`` (Starlette's
-``request.is_disconnected``, sync or async) is polled on the event loop, never from the
-scheduler threads; when it reports True, the entries are cancelled the same way and submit
-raises ``ClientDisconnected``.
+Client disconnects: cancellation is the mechanism. When the task awaiting ``submit`` is
+cancelled (the server does that when the client goes away), its entries still waiting are
+dropped (the runner never sees them); entries already in a batch run, and their results are
+discarded. If a pipeline thread dies, the scheduler stops admitting, fails everything pending
+with WorkerDead and calls ``on_death(exc)`` once.
 """
 from __future__ import annotations
 
 import asyncio
-import inspect
 import itertools
+import logging
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
-
-from .forming import Entry, PrefixPolicy
+from .forming import Entry, PrefixPolicy, make_former
 from .metrics import Metrics
-from .pipeline import BatchFailed, BatchTrace, Pipeline, PipelineConfig, WorkerDead
+from .pipeline import Pipeline, WorkerDead
 from .waiting import QueueClosed, WaitQueue
 
-
-class ClientDisconnected(Exception):
-    """``is_disconnected`` reported the client gone; the request's work was dropped."""
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class SubmitResult:
-    outputs: list  # np.ndarray [E] float32 per item (embeddings) or float raw score (rerankers)
+    outputs: list  # one per item, as the runner made it: float (a score) or float32 ndarray
     queue_time_s: float  # max over items of (forward start - enqueue)
     inference_time_s: float  # max over the batches the items were in
     compute_tokens: int  # total tokens of the items
@@ -45,27 +40,20 @@ class SubmitResult:
 class _Ticket:
     """Per-item bookkeeping carried in ``Entry.payload``; hashable by identity."""
 
-    __slots__ = ("future", "loop", "cancelled")
+    __slots__ = ("future", "loop", "label")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
+    def __init__(self, loop: asyncio.AbstractEventLoop, label: str) -> None:
+        self.loop, self.label = loop, label
         self.future: asyncio.Future = loop.create_future()
-        self.cancelled = False
 
 
 def _settle(fut: asyncio.Future, value: Any, exc: BaseException | None) -> None:
-    if fut.done():  # cancelled by the client side
+    if fut.done():  # cancelled by the client side, or settled already
         return
     if exc is not None:
         fut.set_exception(exc)
     else:
         fut.set_result(value)
-
-
-def _default_build_index(input_ids: np.ndarray, position_ids: np.ndarray, cu_seqlens: np.ndarray):
-    from .radix import build_index  # NOTE: lazy, so the scheduler imports without the builder
-
-    return build_index(input_ids, position_ids, cu_seqlens)
 
 
 class Scheduler:
@@ -76,15 +64,10 @@ class Scheduler:
         runner,
         *,
         max_batch_tokens: int,
-        max_batch_requests: int | None,
-        radix_threshold: float,
+        max_batch_requests: int | None = None,
         metrics: Metrics | None = None,
         policy: str = "fifo",
-        max_wait_s: float = 0.0,
         prefix_policy: PrefixPolicy | None = None,
-        build_index: Callable[[np.ndarray, np.ndarray, np.ndarray], Any] | None = None,
-        disconnect_poll_s: float = 0.1,
-        trace_len: int = 256,
         on_death: Callable[[BaseException], None] | None = None,
     ) -> None:
         if max_batch_tokens < 1:
@@ -94,35 +77,20 @@ class Scheduler:
         self.runner = runner
         self.max_batch_tokens = max_batch_tokens
         self.metrics = metrics
-        self.disconnect_poll_s = disconnect_poll_s
-        self._death_callback = on_death  # called once, from the dying thread, after pending work failed
-        self._lock = threading.Lock()  # guards _pending, _accepting; taken before the queue's lock
+        self._on_death_cb = on_death
+        self._lock = threading.Lock()  # guards _pending, _accepting, _died; taken before the queue's
         self._pending: set[_Ticket] = set()
-        self._accepting = False
-        self._started = False
+        self._accepting = self._started = self._died = False
         self._request_ids = itertools.count()
-        on_size = metrics.queue_size.set if metrics is not None else None
         if metrics is not None:
             metrics.batching_policy.labels(policy=policy).set(1)
-        self._waiting = WaitQueue(is_live=lambda e: not e.payload.cancelled, on_size=on_size)
-        config = PipelineConfig(
-            max_batch_tokens=max_batch_tokens,
-            max_batch_requests=max_batch_requests,
-            radix_threshold=radix_threshold,
-            policy=policy,
-            max_wait_s=max_wait_s,
-            prefix=prefix_policy,
-        )
+        self._waiting = WaitQueue(on_size=metrics.queue_size.set if metrics is not None else None)
+        former = make_former(policy, max_tokens=max_batch_tokens, max_requests=max_batch_requests, prefix=prefix_policy)
         self._pipeline = Pipeline(
-            runner,
-            self._waiting,
-            config,
-            metrics=metrics,
-            build_index=build_index or _default_build_index,
-            resolve=lambda e, value: self._finish(e.payload, value, None),
-            fail=lambda e, exc: self._finish(e.payload, None, exc),
+            runner, self._waiting, former, metrics=metrics,
+            settle=lambda e, value, exc: self._finish(e.payload, value, exc),
+            label=lambda e: e.payload.label,
             on_death=self._on_death,
-            trace_len=trace_len,
         )
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -137,28 +105,19 @@ class Scheduler:
         """Stop accepting; with ``drain`` finish queued work, else fail it with WorkerDead."""
         with self._lock:
             self._accepting = False
-        dropped = self._waiting.close(clear=not drain)
-        for e in dropped:
-            self._finish(e.payload, None, WorkerDead("the scheduler is shutting down"))
+        for e in self._waiting.close(clear=not drain):
+            self._finish(e.payload, None, WorkerDead("the server is shutting down"))
         if self._started:
             self._pipeline.join(timeout)
 
     @property
     def alive(self) -> bool:
-        return self._accepting and self._pipeline.alive
+        with self._lock:
+            return self._accepting and self._pipeline.alive
 
     @property
     def queue_size(self) -> int:
         return self._waiting.size
-
-    @property
-    def trace(self) -> tuple[BatchTrace, ...]:
-        """The most recent batches (bounded), oldest first."""
-        return tuple(self._pipeline.trace)
-
-    @property
-    def worker_idle_ratio(self) -> float:
-        return self._pipeline.idle_ratio
 
     # -- settling (any thread) ------------------------------------------------------------------
     def _finish(self, ticket: _Ticket, value: Any, exc: BaseException | None) -> None:
@@ -171,31 +130,37 @@ class Scheduler:
 
     def _on_death(self, exc: BaseException) -> None:
         with self._lock:
-            self._accepting = False
+            if self._died:
+                return
+            self._died, self._accepting = True, False
             tickets = list(self._pending)
             self._pending.clear()
-        self._waiting.close(clear=True)
-        reason = WorkerDead(f"the model worker died: {type(exc).__name__}: {exc}")
+        self._waiting.close(clear=True)  # its entries' tickets are among the pending ones
         for t in tickets:
-            self._finish(t, None, reason)
-        if self._death_callback is not None:
-            self._death_callback(exc)
+            self._finish(t, None, WorkerDead("the model worker is not running"))
+        if self._on_death_cb is not None:
+            try:
+                self._on_death_cb(exc)
+            except Exception:  # noqa: BLE001 - the callback must not mask the death
+                log.exception("the scheduler's on_death callback failed")
 
     def _cancel(self, tickets: list[_Ticket]) -> None:
         for t in tickets:
-            t.cancelled = True
-            if t.future.done():
-                if not t.future.cancelled():
-                    t.future.exception()  # mark retrieved: no "never retrieved" noise
-            else:
+            if not t.future.done():
                 t.future.cancel()
+            elif not t.future.cancelled():
+                t.future.exception()  # mark retrieved: no "never retrieved" noise
+        gone = set(tickets)
         with self._lock:
-            self._pending.difference_update(tickets)
-        self._waiting.discard(lambda e: e.payload.cancelled)
+            self._pending.difference_update(gone)
+        self._waiting.discard(lambda e: e.payload in gone)
 
     # -- the event-loop side --------------------------------------------------------------------
-    async def submit(self, items: list[list[int]], *, is_disconnected=None) -> SubmitResult:
-        """Run ``items`` (token id lists, each 1..max_batch_tokens long) and return their outputs."""
+    async def submit(self, items: list[list[int]], *, request_id: str | None = None) -> SubmitResult:
+        """Run ``items`` (token id lists, each 1..max_batch_tokens long) and return their outputs.
+
+        ``request_id`` names the request in the log lines of a failed batch.
+        """
         if not items:
             raise ValueError("submit needs at least one item")
         for i, ids in enumerate(items):
@@ -203,55 +168,31 @@ class Scheduler:
                 raise ValueError(f"item {i} has {len(ids)} tokens; allowed 1..{self.max_batch_tokens}")
         loop = asyncio.get_running_loop()
         rid = next(self._request_ids)
+        label = request_id if request_id is not None else f"#{rid}"
         now = time.monotonic()
-        tickets = [_Ticket(loop) for _ in items]
+        tickets = [_Ticket(loop, label) for _ in items]
         entries = [Entry(rid, list(ids), now, payload=t) for ids, t in zip(items, tickets)]
         with self._lock:
-            if not self.alive:
-                raise WorkerDead("the model worker is not alive")
+            if not (self._accepting and self._pipeline.alive):
+                raise WorkerDead("the model worker is not running")
             try:
                 self._waiting.push(entries)
-            except QueueClosed as exc:
-                raise WorkerDead(str(exc)) from None
+            except QueueClosed:
+                raise WorkerDead("the server is shutting down") from None
             self._pending.update(tickets)
+        futures = [t.future for t in tickets]
         try:
-            results = await self._await_all(tickets, is_disconnected)
-        except BaseException:  # error, cancellation or disconnect: drop what is still queued
+            await asyncio.wait(futures, return_when=asyncio.FIRST_EXCEPTION)
+            for f in futures:  # the first failure in item order; all done when none failed
+                if f.done() and f.exception() is not None:
+                    raise f.exception()
+        except BaseException:  # failure or cancellation: drop what is still queued
             self._cancel(tickets)
             raise
+        results = [f.result() for f in futures]
         return SubmitResult(
             outputs=[r[0] for r in results],
             queue_time_s=max(r[1] for r in results),
             inference_time_s=max(r[2] for r in results),
             compute_tokens=sum(len(ids) for ids in items),
         )
-
-    async def _await_all(self, tickets: list[_Ticket], is_disconnected) -> list[tuple]:
-        """Results in item order; raises the first failure without waiting for the rest."""
-        remaining = {t.future for t in tickets}
-        watch = asyncio.ensure_future(self._watch(is_disconnected)) if is_disconnected else None
-        try:
-            while remaining:
-                waitset = remaining | {watch} if watch is not None else remaining
-                done, _ = await asyncio.wait(waitset, return_when=asyncio.FIRST_COMPLETED)
-                if watch is not None and watch in done:
-                    watch.result()  # re-raises if is_disconnected itself failed
-                    raise ClientDisconnected("the client disconnected")
-                for f in done:
-                    if f.exception() is not None:
-                        raise f.exception()
-                remaining -= done
-        finally:
-            if watch is not None:
-                watch.cancel()
-        return [t.future.result() for t in tickets]
-
-    async def _watch(self, is_disconnected) -> None:
-        """Returns once ``is_disconnected()`` (sync or async) reports True."""
-        while True:
-            await asyncio.sleep(self.disconnect_poll_s)
-            gone = is_disconnected()
-            if inspect.isawaitable(gone):
-                gone = await gone
-            if gone:
-                return

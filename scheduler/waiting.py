@@ -1,21 +1,17 @@
 """The waiting queue shared by the event loop (producer) and the prep thread (consumer).
 
 Invariant: entries are kept in arrival order and the entries of one request are pushed in one
-call, so they stay contiguous (what ``form_batch`` relies on). A cancelled entry is never handed
-out: ``discard`` removes it eagerly and ``take`` drops any that slipped through.
+call, so they stay contiguous (what the formers rely on). The lock is held only for list
+operations, never while a batch is formed: the prep thread takes a ``snapshot``, forms a batch
+from it without the lock, then ``remove``s the chosen entries, and any that were cancelled in
+between are gone by then and simply not returned.
 """
 from __future__ import annotations
 
 import threading
-import time
 from typing import Callable, Sequence
 
 from .forming import Entry
-
-# select(waiting, now) -> ascending indices into ``waiting`` of the next batch.
-Select = Callable[[Sequence[Entry], float], list[int]]
-# hold(waiting, now) -> seconds to keep waiting for more entries before forming (0: form now).
-Hold = Callable[[Sequence[Entry], float], float]
 
 
 class QueueClosed(RuntimeError):
@@ -23,27 +19,17 @@ class QueueClosed(RuntimeError):
 
 
 class WaitQueue:
-    """A condition-guarded list of entries; ``take`` blocks until a batch can be formed."""
+    """A condition-guarded list of entries."""
 
-    def __init__(
-        self,
-        *,
-        is_live: Callable[[Entry], bool] = lambda e: True,
-        on_size: Callable[[int], None] | None = None,
-    ) -> None:
+    def __init__(self, *, on_size: Callable[[int], None] | None = None) -> None:
         self._cond = threading.Condition()
         self._entries: list[Entry] = []
         self._closed = False
-        self._is_live = is_live
         self._on_size = on_size
 
     @property
     def size(self) -> int:
         return len(self._entries)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
     def _sized(self) -> None:  # caller holds the lock
         if self._on_size is not None:
@@ -79,31 +65,21 @@ class WaitQueue:
             self._cond.notify_all()
             return cleared
 
-    def take(self, select: Select, *, hold: Hold | None = None) -> list[Entry]:
-        """Block until entries wait, then remove and return the batch ``select`` picks.
-
-        Returns [] only once the queue is closed and empty (the consumer's signal to exit).
-        While open, ``hold`` may delay forming so that more entries can join the batch.
-        """
+    def snapshot(self, timeout: float | None = None) -> list[Entry] | None:
+        """A copy of what waits, once something does; [] once closed and empty; None on timeout."""
         with self._cond:
-            while True:
-                self._entries = [e for e in self._entries if self._is_live(e)]
-                if not self._entries:
-                    self._sized()
-                    if self._closed:
-                        return []
-                    self._cond.wait()
-                    continue
-                now = time.monotonic()
-                delay = 0.0 if (hold is None or self._closed) else hold(self._entries, now)
-                if delay > 0:
-                    self._cond.wait(timeout=delay)
-                    continue
-                chosen = select(self._entries, now)
-                if not chosen:  # a policy must always make progress on a non-empty queue
-                    raise RuntimeError("batch former selected nothing from a non-empty queue")
-                picked = set(chosen)
-                batch = [self._entries[i] for i in chosen]
-                self._entries = [e for i, e in enumerate(self._entries) if i not in picked]
+            if not self._entries and not self._closed:
+                self._cond.wait(timeout)
+            if self._entries:
+                return list(self._entries)
+            return [] if self._closed else None
+
+    def remove(self, chosen: Sequence[Entry]) -> list[Entry]:
+        """Take ``chosen`` out of the queue; returns those still there (in ``chosen``'s order)."""
+        picked = set(chosen)
+        with self._cond:
+            present = {e for e in self._entries if e in picked}
+            if present:
+                self._entries = [e for e in self._entries if e not in present]
                 self._sized()
-                return batch
+        return [e for e in chosen if e in present]

@@ -46,18 +46,22 @@ def load_runner(config: ServerConfig):
         dtype=config.dtype,
         radix_attention=config.radix_attention,
         pooling=config.pooling,
+        radix_threshold=config.radix_mlp_threshold,
     )
 
 
 def build_scheduler(config: ServerConfig, runner, metrics: Metrics, *, on_death=None):
+    import dataclasses
+
     from scheduler import Scheduler
     from scheduler.forming import PrefixPolicy
 
+    if runner.radix_threshold != config.radix_mlp_threshold:  # an injected runner follows the config
+        runner = dataclasses.replace(runner, radix_threshold=config.radix_mlp_threshold)
     return Scheduler(
         runner,
         max_batch_tokens=config.max_batch_tokens,
         max_batch_requests=config.max_batch_requests,
-        radix_threshold=config.radix_mlp_threshold,
         metrics=metrics,
         policy=config.batching_policy,
         prefix_policy=PrefixPolicy(

@@ -2,8 +2,8 @@
 
 Checked: light load is exactly FIFO; budgets and request atomicity always hold; grouping by
 shared prefix (one query's requests per batch); aging by time and by skips; no starvation under
-a constant inflow; better compression than FIFO (measured with scheduler.radix.build_index); the
-shared_prefix_tokens helper against build_index's N - N'.
+a constant inflow; better compression than FIFO (measured with models.radix.build_index); the
+former's own state (skips, keys) kept only for requests still waiting.
 """
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from scheduler.forming import Entry, PrefixPolicy, form_batch, form_batch_fifo
-from scheduler.prefix_forming import shared_prefix_tokens
-from scheduler.radix import build_index, positions_from_cu_seqlens
+from models.radix import build_index, positions_from_cu_seqlens
+from scheduler.forming import Entry, PrefixPolicy, form_batch_fifo, make_former
+from scheduler.prefix_forming import PrefixFormer
 
 SYSTEM = list(range(1000, 1040))  # the template prefix every request shares (40 tokens)
 # Grouping mechanics in isolation: no aging, and any gain over FIFO is worth a reorder.
@@ -57,10 +57,11 @@ def compact_and_total(batch: list[Entry]) -> tuple[int, int]:
     return len(index.compact_ids), int(cu[-1])
 
 
-def prefix(waiting, *, max_tokens, max_requests=None, now=0.0, config=NO_AGING):
-    return form_batch(
-        waiting, max_tokens=max_tokens, max_requests=max_requests, policy="prefix", now=now, prefix=config
-    )
+def prefix(waiting, *, max_tokens, max_requests=None, now=0.0, config=NO_AGING, skips=None, former=None):
+    """One formation by a fresh former (or ``former``), with ``skips`` per request id preset."""
+    former = former or PrefixFormer(max_tokens=max_tokens, max_requests=max_requests, config=config)
+    former.skips.update(skips or {})
+    return former(waiting, now)
 
 
 # -- random queues -------------------------------------------------------------------------------
@@ -69,14 +70,15 @@ def queues(draw):
     """Requests of 1-4 items over a tiny alphabet (so prefixes collide), random ages and skips."""
     n_req = draw(st.integers(1, 12))
     waiting: list[Entry] = []
+    skips: dict[int, int] = {}
     for rid in range(n_req):
         arrival = draw(st.floats(0.0, 2.0))
-        skips = draw(st.integers(0, 5))
+        skips[rid] = draw(st.integers(0, 5))
         for _ in range(draw(st.integers(1, 4))):
             ids = draw(st.lists(st.integers(0, 3), min_size=1, max_size=12))
-            waiting.append(Entry(rid, ids, arrival, skips=skips))
+            waiting.append(Entry(rid, ids, arrival))
     waiting.sort(key=lambda e: e.arrival)  # arrival order; sort is stable, requests stay contiguous
-    return waiting
+    return waiting, skips
 
 
 def check_batch(waiting: list[Entry], chosen: list[int], *, max_tokens: int, max_requests: int | None):
@@ -98,33 +100,36 @@ def check_batch(waiting: list[Entry], chosen: list[int], *, max_tokens: int, max
 
 @settings(max_examples=100, deadline=None)
 @given(queues(), st.integers(0, 40), st.one_of(st.none(), st.integers(0, 10)), st.floats(0.0, 3.0))
-def test_light_load_is_exactly_fifo(waiting, slack, extra_requests, now):
+def test_light_load_is_exactly_fifo(queue, slack, extra_requests, now):
+    waiting, skips = queue
     total = sum(e.n_tokens for e in waiting)
     max_requests = None if extra_requests is None else len(waiting) + extra_requests
-    skips = [e.skips for e in waiting]
-    got = prefix(waiting, max_tokens=total + slack, max_requests=max_requests, now=now, config=PrefixPolicy())
+    former = PrefixFormer(max_tokens=total + slack, max_requests=max_requests)
+    got = prefix(waiting, max_tokens=total + slack, now=now, skips=skips, former=former)
     assert got == form_batch_fifo(waiting, max_tokens=total + slack, max_requests=max_requests)
-    assert [e.skips for e in waiting] == skips  # nothing was passed over
+    assert former.skips == skips  # nothing was passed over
 
 
 @settings(max_examples=120, deadline=None)
 @given(queues(), st.data())
-def test_budget_and_atomicity_always_hold(waiting, data):
+def test_budget_and_atomicity_always_hold(queue, data):
+    waiting, skips = queue
     longest = max(e.n_tokens for e in waiting)
     max_tokens = data.draw(st.integers(longest, longest + 40))
     max_requests = data.draw(st.one_of(st.none(), st.integers(1, 8)))
     config = PrefixPolicy(max_wait_s=data.draw(st.floats(0.1, 3.0)), max_skips=data.draw(st.integers(0, 6)))
     now = data.draw(st.floats(0.0, 3.0))
-    chosen = prefix(waiting, max_tokens=max_tokens, max_requests=max_requests, now=now, config=config)
+    chosen = prefix(waiting, max_tokens=max_tokens, max_requests=max_requests, now=now, config=config, skips=skips)
     check_batch(waiting, chosen, max_tokens=max_tokens, max_requests=max_requests)
 
 
 # -- hand-built queues ---------------------------------------------------------------------------
 def test_fifo_dispatch_and_unknown_policy():
     waiting = queue_of([0, 1, 2, 0, 1, 2])
-    assert form_batch(waiting, max_tokens=300, policy="fifo") == form_batch_fifo(waiting, max_tokens=300)
+    assert make_former("fifo", max_tokens=300)(waiting, 0.0) == form_batch_fifo(waiting, max_tokens=300)
+    assert isinstance(make_former("prefix", max_tokens=300), PrefixFormer)
     with pytest.raises(ValueError):
-        form_batch(waiting, max_tokens=300, policy="lifo")
+        make_former("lifo", max_tokens=300)
     with pytest.raises(ValueError):
         PrefixPolicy(depth=0)
 
@@ -189,8 +194,9 @@ def test_oversized_request_is_split_only_when_first():
     waiting = small + big + request(2, 0, 1, rng)
     chosen = prefix(waiting, max_tokens=200)
     assert chosen == [0, 6]  # not first: never split into a batch with others
-    big[0].skips = 10**9  # now urgent and the oldest urgent one: split, alone
-    assert prefix(waiting, max_tokens=200, config=PrefixPolicy(max_wait_s=math.inf, max_skips=5, min_gain=0.0)) == [1, 2]
+    # request 1 passed over often enough: now urgent and the oldest urgent one, so split, alone
+    config = PrefixPolicy(max_wait_s=math.inf, max_skips=5, min_gain=0.0)
+    assert prefix(waiting, max_tokens=200, config=config, skips={1: 10**9}) == [1, 2]
 
 
 @pytest.mark.parametrize("by", ["time", "skips"])
@@ -201,21 +207,22 @@ def test_aging_takes_the_old_entry_first(by):
     waiting = odd + popular
     config = PrefixPolicy(max_wait_s=0.5, max_skips=3, min_gain=0.0)
     budget = 6 * 70
-    fresh = prefix(waiting, max_tokens=budget, now=1.2, config=config)
-    assert 0 not in fresh and odd[0].skips == 1  # grouping passed it over once
+    former = PrefixFormer(max_tokens=budget, config=config)
+    fresh = former(waiting, 1.2)
+    assert 0 not in fresh and former.skips[0] == 1  # grouping passed it over once
     if by == "time":
-        chosen = prefix(waiting, max_tokens=budget, now=1.45, config=config)  # odd: 0.55 s old
+        chosen = former(waiting, 1.45)  # odd: 0.55 s old
     else:
-        odd[0].skips = 3
-        chosen = prefix(waiting, max_tokens=budget, now=1.2, config=config)
+        former.skips[0] = 3
+        chosen = former(waiting, 1.2)
     assert chosen[0] == 0 and len(chosen) == 6
 
 
 def test_skips_counted_only_for_requests_passed_over():
     waiting = queue_of([1, 0, 0, 0, 2])  # requests 0 and 4 are odd ones out
-    chosen = prefix(waiting, max_tokens=420)
-    assert chosen == [2, 3, 4, 5, 6, 7]
-    assert [e.skips for e in waiting] == [1, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    former = PrefixFormer(max_tokens=420, config=NO_AGING)
+    assert former(waiting, 0.0) == [2, 3, 4, 5, 6, 7]
+    assert former.skips == {0: 1}
 
 
 @pytest.mark.parametrize("lookahead", [1, 2, 8])
@@ -229,8 +236,9 @@ def test_lookahead_bounds_how_far_the_former_looks(lookahead):
 def test_no_sharing_falls_back_to_fifo():
     rng = random.Random(4)
     waiting = [Entry(r, [rng.randrange(1, 10**5) for _ in range(50)], 0.0) for r in range(20)]
-    assert prefix(waiting, max_tokens=400) == form_batch_fifo(waiting, max_tokens=400)
-    assert all(e.skips == 0 for e in waiting)
+    former = PrefixFormer(max_tokens=400, config=NO_AGING)
+    assert former(waiting, 0.0) == form_batch_fifo(waiting, max_tokens=400)
+    assert former.skips == {}
 
 
 def simulate(config: PrefixPolicy, *, steps: int, dt: float) -> int | None:
@@ -238,6 +246,7 @@ def simulate(config: PrefixPolicy, *, steps: int, dt: float) -> int | None:
     rng = random.Random(5)
     rid = 0
     waiting: list[Entry] = []
+    former = PrefixFormer(max_tokens=3 * 140, config=config)
 
     def arrive(t: float, q: int) -> None:
         nonlocal rid
@@ -252,7 +261,7 @@ def simulate(config: PrefixPolicy, *, steps: int, dt: float) -> int | None:
         now = step * dt
         for j in range(4):  # 4 requests in, 3 out per batch: the queue only grows
             arrive(now, j % 2)
-        chosen = form_batch(waiting, max_tokens=3 * 140, policy="prefix", now=now, prefix=config)
+        chosen = former(waiting, now)
         check_batch(waiting, chosen, max_tokens=3 * 140, max_requests=None)
         if any(waiting[i].request_id == odd_rid for i in chosen):
             return step + 1
@@ -272,10 +281,10 @@ def test_no_starvation_under_constant_inflow():
 def drain(waiting: list[Entry], policy: str, *, max_tokens: int) -> tuple[int, int]:
     waiting = list(waiting)
     n_compact = n_total = 0
+    # 10-token queries gain little per regroup: min_gain 0 lets the default aging decide.
+    former = make_former(policy, max_tokens=max_tokens, prefix=PrefixPolicy(min_gain=0.0))
     while waiting:
-        # 10-token queries gain little per regroup: min_gain 0 lets the default aging decide.
-        chosen = form_batch(waiting, max_tokens=max_tokens, policy=policy, now=0.0,
-                            prefix=PrefixPolicy(min_gain=0.0))
+        chosen = former(waiting, 0.0)
         c, n = compact_and_total([waiting[i] for i in chosen])
         n_compact, n_total = n_compact + c, n_total + n
         picked = set(chosen)
@@ -293,14 +302,6 @@ def test_prefix_policy_compresses_better_than_fifo():
     assert c_prefix / n_prefix < c_fifo / n_fifo
 
 
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=10), min_size=1, max_size=8))
-def test_shared_prefix_tokens_matches_build_index(seqs):
-    batch = [Entry(0, s, 0.0) for s in seqs]
-    n_compact, n = compact_and_total(batch)
-    assert shared_prefix_tokens(seqs) == n - n_compact
-
-
 @settings(max_examples=60, deadline=None)
 @given(
     seqs=st.lists(st.lists(st.integers(0, 6), min_size=1, max_size=9), min_size=1, max_size=12),
@@ -308,13 +309,11 @@ def test_shared_prefix_tokens_matches_build_index(seqs):
 )
 def test_prefix_keys_sort_and_lcp_match_python(seqs, depth):
     """The batched key builder orders requests like Python's tuple order of their first ``depth``
-    tokens (a proper prefix first) and reports the true adjacent LCPs, also with cached keys of
-    another depth present."""
-    from scheduler.prefix_forming import _sorted_keys
+    tokens (a proper prefix first) and reports the true adjacent LCPs."""
+    from scheduler.prefix_forming import _build_keys, _sorted_keys
 
     heads = [Entry(r, list(s), 0.0) for r, s in enumerate(seqs)]
-    _sorted_keys(heads[::2], depth + 1)  # stale cached keys on some entries
-    order, lcp = _sorted_keys(heads, depth)
+    order, lcp = _sorted_keys(_build_keys(heads, depth), depth)
     cut = [tuple(s[:depth]) for s in seqs]
     assert [cut[i] for i in order.tolist()] == sorted(cut)
     assert order.tolist() == sorted(range(len(seqs)), key=lambda i: cut[i])  # stable
@@ -324,3 +323,16 @@ def test_prefix_keys_sort_and_lcp_match_python(seqs, depth):
         for a, b in zip(sorted_cut, sorted_cut[1:])
     ]
     assert lcp.tolist() == expected
+
+
+def test_former_state_is_kept_only_for_waiting_requests():
+    waiting = queue_of([1, 0, 0, 0, 2])  # request 0 is passed over, requests 1-3 taken
+    former = PrefixFormer(max_tokens=420, config=NO_AGING)
+    chosen = former(waiting, 0.0)
+    assert former.skips == {0: 1} and set(former._keys) == {0, 1, 2, 3, 4}
+    left = [e for i, e in enumerate(waiting) if i not in set(chosen)]
+    assert {e.request_id for e in left} == {0, 4}
+    former(left, 0.0)  # everything left fits: FIFO, and the taken requests are forgotten
+    assert set(former._keys) <= {0, 4} and set(former.skips) <= {0, 4}
+    former([Entry(9, [1], 0.0)], 0.0)  # requests 0 and 4 left too
+    assert former.skips == {} and set(former._keys) <= {9}

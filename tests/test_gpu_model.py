@@ -119,10 +119,10 @@ def _runner(model_dir, *, mode="compact", dtype=torch.bfloat16, device="cuda"):
 
 
 def _outputs(runner, ids, cu, *, radix: bool):
-    from scheduler.radix import build_index, positions_from_cu_seqlens
+    import dataclasses
 
-    index = build_index(ids, positions_from_cu_seqlens(cu), cu) if radix else None
-    return runner.run(runner.prepare(ids, cu, index)).double()
+    gated = dataclasses.replace(runner, radix_threshold=1.0 if radix else 0.0)
+    return runner.run(gated.prepare(ids, cu)).double()
 
 
 def _rel(a, b):
@@ -165,15 +165,15 @@ def test_model_bf16_radix_vs_off(gpu_fixture_dirs, kind, mode, device, gather_im
 @pytest.mark.parametrize("gather_impl", ["auto", "cuda"])
 @pytest.mark.parametrize("mode", ["compact", "paper"])
 def test_model_forward_has_no_host_sync(gpu_fixture_dirs, mode, gather_impl, monkeypatch):
-    from scheduler.radix import build_index, positions_from_cu_seqlens
+    import dataclasses
 
     monkeypatch.setenv("RADIXSERVE_GATHER_IMPL", gather_impl)
     runner = _runner(gpu_fixture_dirs["embedding"], mode=mode)
     assert runner.kernels.startswith("cuda gather kernel") == (gather_impl == "cuda")
     ids, cu = _batch(seed=1)
     for radix in (False, True):
-        index = build_index(ids, positions_from_cu_seqlens(cu), cu) if radix else None
-        batch = runner.prepare(ids, cu, index)
+        gated = dataclasses.replace(runner, radix_threshold=1.0 if radix else 0.0)
+        batch = gated.prepare(ids, cu).forward
         with torch.inference_mode():
             runner.model(batch.input_ids, batch.positions, batch)  # warm-up: handles, caches
             torch.cuda.synchronize()

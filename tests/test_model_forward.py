@@ -5,13 +5,15 @@ directory, fp32 on CPU, run on every distinct sequence separately. 1e-4 max abs,
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from models.batch import build_forward_batch
 from models.runner import load_runner
-from scheduler.radix import build_index, positions_from_cu_seqlens
+from models.radix import build_index, positions_from_cu_seqlens
 
 MODES = ("off", "paper", "compact")
 TOL = 1e-4
@@ -184,8 +186,7 @@ def test_runner_prepare_run_contract(embedding):
     runner, oracle = embedding
     seqs = CASES["complex"]
     ids, cu = _pack(seqs)
-    index = build_index(ids, positions_from_cu_seqlens(cu), cu)
-    out = runner.run(runner.prepare(ids, cu, index))
+    out = runner.run(dataclasses.replace(runner, radix_threshold=1.0).prepare(ids, cu))
     assert out.dtype == torch.float32 and out.device.type == "cpu" and out.shape == (4, 64)
     assert (out - oracle.embed(seqs, "last-token")).abs().max().item() < TOL
     cls = _ours(runner, seqs, "compact", pooling="cls")

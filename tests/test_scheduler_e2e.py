@@ -2,7 +2,8 @@
 
 The prefix test blocks the first batch's preparation until the whole backlog is queued, so every
 later batch is formed from the same queue under either policy; N'/N per batch comes from the
-real trie index (threshold 1.0 always builds it) through the scheduler's trace.
+fake runner's count of distinct prefixes (the trie's definition).
+The real runner's ``prepare`` builds and gates the trie itself: checked against build_index.
 """
 from __future__ import annotations
 
@@ -12,21 +13,24 @@ import threading
 
 import numpy as np
 
-from scheduler import radix
+import pytest
+
+from models import runner as runner_module
+from models.radix import build_index, positions_from_cu_seqlens
 from scheduler.forming import PrefixPolicy
-from tests.test_scheduler import FakeIndex, FakeRunner, expected, run_async
+from tests.test_scheduler import FakeRunner, expected, run_async
 
 
 class GatedPrepRunner(FakeRunner):
     """FakeRunner whose first prepare waits until the test has queued everything."""
 
     def __init__(self):
-        super().__init__()
+        super().__init__(threshold=1.0)
         self.prep_gate = threading.Event()
 
-    def prepare(self, input_ids, cu_seqlens, index=None):
+    def prepare(self, input_ids, cu_seqlens):
         self.prep_gate.wait(10)
-        return super().prepare(input_ids, cu_seqlens, index)
+        return super().prepare(input_ids, cu_seqlens)
 
 
 def backlog(seed: int = 0) -> list[list[list[int]]]:
@@ -55,14 +59,14 @@ def mean_ratio_after_first(policy: str) -> tuple[float, list]:
     # Budget: three requests (2 x 75 tokens each) per batch.
     # A static backlog drained at once: with the default skip budget (2) most requests age out
     # within a few batches and go oldest-first, so give the grouping room to show.
-    sched, results = run_async(runner, go, max_batch_tokens=450, radix_threshold=1.0, policy=policy,
+    _, results = run_async(runner, go, max_batch_tokens=450, policy=policy,
                                prefix_policy=PrefixPolicy(max_skips=8))
     for items, res in zip(reqs, results):
         for item, out in zip(items, res.outputs):
             assert np.array_equal(out, expected(item))
-    later = list(sched.trace)[1:]
-    assert later and all(t.used_index for t in later)
-    return float(np.mean([t.n_compact / t.n_tokens for t in later])), later
+    later = runner.prepared[1:]
+    assert later and all(p.used_index for p in later)
+    return float(np.mean([p.n_compact / p.n_tokens for p in later])), later
 
 
 def test_prefix_policy_improves_compression_over_fifo():
@@ -70,19 +74,19 @@ def test_prefix_policy_improves_compression_over_fifo():
     prefix, batches = mean_ratio_after_first("prefix")
     # Grouping three requests of one query per batch shares query tokens that FIFO mostly mixes.
     assert prefix < fifo - 0.05, (prefix, fifo)
-    assert all(t.n_tokens <= 450 for t in batches)
+    assert all(p.n_tokens <= 450 for p in batches)
 
 
 def test_scheduled_results_match_direct_runner(tiny_embedding_dir):
     import models
 
-    runner = models.load_runner(str(tiny_embedding_dir), device="cpu")
+    runner = models.load_runner(str(tiny_embedding_dir), device="cpu", radix_threshold=1.0)
     reqs = [[[11, 12, 13, 14, 15], [11, 12, 13, 99]], [[11, 12, 7]], [[40, 41, 42, 43, 44, 45]]]
 
     async def go(sched):
         return await asyncio.gather(*(sched.submit(items) for items in reqs))
 
-    _, results = run_async(runner, go, max_batch_tokens=64, radix_threshold=1.0)
+    _, results = run_async(runner, go, max_batch_tokens=64)
     for items, res in zip(reqs, results):
         for item, out in zip(items, res.outputs):
             cu = np.array([0, len(item)], np.int32)
@@ -90,18 +94,32 @@ def test_scheduled_results_match_direct_runner(tiny_embedding_dir):
             np.testing.assert_allclose(out, direct, atol=1e-4, rtol=0)
 
 
-def test_real_radix_index_reaches_prepare():
-    runner = FakeRunner()
-    items = [[5, 6, 7, 8, 9], [5, 6, 7, 1], [5, 6, 2, 3, 4, 4]]
+@pytest.mark.parametrize("threshold", [0.0, 0.5, 0.95, 1.0])
+def test_runner_prepare_builds_and_gates_the_trie(tiny_embedding_dir, threshold, monkeypatch):
+    import models
 
-    async def go(sched):
-        return await sched.submit(items)
-
-    run_async(runner, go, radix_threshold=0.95)
-    (_, index), = runner.prepared
-    want = FakeIndex(np.array([t for s in items for t in s]), np.array([0, 5, 9, 15]))
-    assert isinstance(index, radix.RadixIndex)  # the real builder, not a stand-in
-    assert abs(index.ratio - want.ratio) < 1e-12 and len(index.compact_ids) == len(want.compact_ids)
+    runner = models.load_runner(str(tiny_embedding_dir), device="cpu", radix_threshold=threshold)
+    built = []
+    monkeypatch.setattr(runner_module, "build_index", lambda *a: built.append(build_index(*a)) or built[-1])
+    shared = [[5, 6, 7, 8, 9], [5, 6, 7, 1], [5, 6, 2, 3, 4, 4]]  # N'/N 12/15 = 0.8
+    distinct = [[10, 11], [12, 13]]  # N'/N 1.0
+    for seqs in (shared, distinct):
+        ids = np.array([t for s in seqs for t in s], np.int32)
+        cu = np.cumsum([0] + [len(s) for s in seqs]).astype(np.int32)
+        p = runner.prepare(ids, cu)
+        assert p.n_tokens == len(ids)
+        if threshold == 0.0:
+            assert not built and not p.used_index and p.ratio == 1.0  # not even built
+            assert p.n_compact == len(ids) and p.forward.mode == "off"
+            continue
+        index = build_index(ids, positions_from_cu_seqlens(cu), cu)
+        assert built[-1].ratio == p.ratio == index.ratio
+        assert p.used_index == (threshold >= 1.0 or index.ratio < threshold)
+        assert p.n_compact == (len(index.compact_ids) if p.used_index else len(ids))
+        assert p.forward.mode == ("compact" if p.used_index else "off")
+        assert p.forward.num_rows == p.n_compact
+    with pytest.raises(ValueError):
+        models.load_runner(str(tiny_embedding_dir), device="cpu", radix_threshold=-0.1)
 
 
 def test_policy_gauge_names_the_policy_in_use():

@@ -181,18 +181,3 @@ def build_index(input_ids, position_ids, cu_seqlens) -> RadixIndex:
         ratio=gather.size / n,
     )
 
-
-def kv_layout(index: RadixIndex, cu_seqlens) -> tuple[np.ndarray, np.ndarray]:
-    """Compact attention's keys: (kv_index [sum of owner lengths] int32, cu_seqlens_k [B'+1]).
-
-    kv_index concatenates scatter[cu_seqlens[s]:cu_seqlens[s+1]] over the owners s in order: the
-    compact rows of each owner's full sequence, so its queries (its suffix block) see every key.
-    """
-    cu = np.asarray(cu_seqlens, dtype=np.int64)
-    owners = np.asarray(index.owners, dtype=np.int64)
-    lens = cu[owners + 1] - cu[owners]  # [B']
-    cu_k = np.zeros(owners.size + 1, dtype=np.int64)
-    np.cumsum(lens, out=cu_k[1:])
-    # row in the original batch of each key slot: owner start + offset within the owner
-    rows = np.arange(int(cu_k[-1])) + np.repeat(cu[owners] - cu_k[:-1], lens)
-    return np.asarray(index.scatter)[rows].astype(np.int32), cu_k.astype(np.int32)
