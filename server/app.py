@@ -42,6 +42,7 @@ def load_runner(config: ServerConfig):
         dtype=config.dtype,
         radix_attention=config.radix_attention,
         pooling=config.pooling,
+        prefix_cache_size=config.prefix_cache_size,
     )
 
 
@@ -81,6 +82,7 @@ def create_app(config: ServerConfig, runner=None, scheduler=None) -> FastAPI:
     metrics = getattr(scheduler, "metrics", None) if scheduler is not None else None
     if metrics is None:
         metrics = Metrics()
+    metrics.watch_prefix_cache(getattr(runner, "prefix_cache", None))
     if owned:
         scheduler = build_scheduler(config, runner, metrics)
     max_len = max_input_length(config, runner)

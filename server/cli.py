@@ -41,6 +41,7 @@ _HELP = {
     "api_key": "require 'Authorization: Bearer KEY' on inference routes",
     "payload_limit": "bytes per request body",
     "json_output": "JSON log lines (true/false; the bare flag means true)",
+    "prefix_cache_size": "cross-batch K/V cache of shared prefixes: 512MiB, 2GB, 8192tokens, auto or 0 (off)",
 }
 
 

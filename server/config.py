@@ -43,6 +43,8 @@ class ServerConfig:
     api_key: str | None = None
     payload_limit: int = 2_000_000
     json_output: bool = False
+    # Cross-batch prefix cache: 512MiB, 2GB, 8192tokens, a byte count, auto, or 0 (off).
+    prefix_cache_size: str = "auto"
 
     def __post_init__(self) -> None:
         if self.default_prompt_name is not None and self.default_prompt is not None:
@@ -64,6 +66,9 @@ class ServerConfig:
                 raise ValueError(f"--{name.replace('_', '-')} must be >= 1")
         if self.pooling is not None and self.pooling not in ("last-token", "mean", "cls"):
             raise ValueError(f"--pooling must be last-token, mean or cls, not {self.pooling!r}")
+        from models.prefix_cache import capacity_tokens
+
+        capacity_tokens(self.prefix_cache_size, 1)  # raises on a malformed size
 
     @property
     def model_name(self) -> str:
