@@ -86,6 +86,18 @@ def _mean_weights(rows: np.ndarray, lens: np.ndarray, num_rows: int,
                                    is_coalesced=True)
 
 
+def _checked(input_ids, cu_seqlens) -> tuple[np.ndarray, np.ndarray]:
+    """(ids [N] int64, cu [B+1] int64) after checking they describe one ragged batch."""
+    ids = np.asarray(input_ids).astype(np.int64, copy=False)
+    cu = np.asarray(cu_seqlens).astype(np.int64, copy=False)
+    lens = np.diff(cu)
+    if ids.shape[0] != int(cu[-1]):
+        raise ValueError(f"input_ids has {ids.shape[0]} tokens, cu_seqlens says {int(cu[-1])}")
+    if len(lens) and lens.min() <= 0:
+        raise ValueError("every sequence needs at least one token")
+    return ids, cu
+
+
 def build_forward_batch(input_ids, cu_seqlens, index=None, *, mode: str = "compact",
                         device: torch.device | str = "cpu", mean_pooling: bool = False,
                         cache: PrefixCache | None = None) -> ForwardBatch:
@@ -96,26 +108,21 @@ def build_forward_batch(input_ids, cu_seqlens, index=None, *, mode: str = "compa
     holds a lease on the cache that `cache.commit()`/`abort()` must settle (dropping the batch
     aborts it).
     """
-    if cache is not None:
-        if mode != "compact" or mean_pooling:
-            raise ValueError("the prefix cache needs compact attention and no mean pooling")
-        lease = cache.plan(input_ids, cu_seqlens)
-        try:
-            return _build_cached(input_ids, cu_seqlens, index, cache, lease, torch.device(device))
-        except BaseException:
-            cache.abort(lease)
-            raise
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     device = torch.device(device)
-    ids = np.asarray(input_ids).astype(np.int64, copy=False)
-    cu = np.asarray(cu_seqlens).astype(np.int64, copy=False)
+    ids, cu = _checked(input_ids, cu_seqlens)
     lens = np.diff(cu)
     n, b = int(cu[-1]), len(lens)
-    if ids.shape[0] != n:
-        raise ValueError(f"input_ids has {ids.shape[0]} tokens, cu_seqlens says {n}")
-    if b and lens.min() <= 0:
-        raise ValueError("every sequence needs at least one token")
+    if cache is not None:
+        if mode != "compact" or mean_pooling:
+            raise ValueError("the prefix cache needs compact attention and no mean pooling")
+        lease = cache.plan(ids, cu)
+        try:
+            return _build_cached(ids, cu, index, cache, lease, device)
+        except BaseException:
+            cache.abort(lease)
+            raise
     if index is None or mode == "off":
         mode = "off"
         row_ids, positions = ids, _positions(cu)
@@ -162,7 +169,7 @@ def _segment_sum(values: np.ndarray, cu: np.ndarray) -> np.ndarray:
     return np.add.reduceat(values, cu[:-1]) if len(cu) > 1 else np.zeros(0, values.dtype)
 
 
-def _build_cached(input_ids, cu_seqlens, index, cache: PrefixCache, lease,
+def _build_cached(ids: np.ndarray, cu: np.ndarray, index, cache: PrefixCache, lease,
                   device: torch.device) -> ForwardBatch:
     """Compact batch whose cached nodes are read from the pool instead of computed.
 
@@ -172,14 +179,8 @@ def _build_cached(input_ids, cu_seqlens, index, cache: PrefixCache, lease,
     it: that set is prefix-closed along every path, so the computed nodes of each owner remain a
     suffix of its block and compact attention's bottom-right alignment stays exact.
     """
-    ids = np.asarray(input_ids).astype(np.int64, copy=False)
-    cu = np.asarray(cu_seqlens).astype(np.int64, copy=False)
     lens = np.diff(cu)
     n, b = int(cu[-1]), len(lens)
-    if ids.shape[0] != n:
-        raise ValueError(f"input_ids has {ids.shape[0]} tokens, cu_seqlens says {n}")
-    if b and lens.min() <= 0:
-        raise ValueError("every sequence needs at least one token")
     depth = _positions(cu)  # [N]
     seq = np.repeat(np.arange(b, dtype=np.int64), lens)  # [N]
     if index is None:  # one node per token; each sequence owns all of its rows

@@ -266,3 +266,18 @@ def test_metrics_report_the_cache(tiny_embedding_dir):
     assert samples[("radixserve_prefix_cache_tokens_total", "miss")] == 60 - 16
     assert samples[("radixserve_prefix_cache_evictions_total", None)] == 0  # 2 blocks fit 2 chains
     assert samples[("radixserve_prefix_cache_bytes", None)] == on.prefix_cache.bytes_in_use > 0
+
+
+def test_cached_forward_has_no_host_sync(tiny_reranker_dir):
+    """Pool reads and writes are device index ops prepared on the host, like the rest."""
+    from tests.test_model_hotpath import HOST_OPS, OpLog
+
+    on = load_runner(str(tiny_reranker_dir), device="cpu", dtype="float32")
+    seq = list(range(300, 340))
+    on.run(_prepare(on, [seq], False))
+    fb = _prepare(on, [seq + [7] * 20, seq[:30] + [8] * 5], True)  # reads and writes the pool
+    assert fb.cache.read_rows is not None and fb.cache.write_rows is not None
+    with OpLog() as log, torch.inference_mode():
+        on.forward(fb)
+    assert not [op for op in log.ops if op in HOST_OPS], log.ops
+    assert log.ops["aten.index_copy_"] == 2 * on.config.num_hidden_layers
