@@ -135,6 +135,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
     if kind is not None and kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    capacity_tokens(prefix_cache_size, 1)  # a malformed size fails before the weights load
     model_dir = resolve_model_dir(model_id, revision)
     cfg = ModelConfig.from_pretrained_dir(model_dir)
     device = torch.device(device) if device is not None else default_device()

@@ -158,3 +158,14 @@ def test_random_walk_keeps_the_invariants(steps):
         else:
             getattr(cache, fate)(lease)
         _check(cache, live_pending=sum(len(h.pending) for h in held))
+
+
+def test_server_flag_and_environment():
+    from server.cli import parse_config
+    from server.config import ServerConfig
+
+    assert ServerConfig().prefix_cache_size == "auto"
+    assert parse_config(["--prefix-cache-size", "8192tokens"], environ={}).prefix_cache_size == "8192tokens"
+    assert parse_config([], environ={"PREFIX_CACHE_SIZE": "0"}).prefix_cache_size == "0"
+    with pytest.raises(ValueError):
+        ServerConfig(prefix_cache_size="a lot")
