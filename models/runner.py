@@ -57,8 +57,14 @@ class Runner:
         return build_forward_batch(
             input_ids, cu_seqlens, index, mode=self.radix_attention, device=self.device,
             mean_pooling=self.kind == "embedding" and self.pooling == "mean",
-            cache=self.prefix_cache,
+            cache=self.prefix_cache if self.cache_usable else None,
         )
+
+    @property
+    def cache_usable(self) -> bool:
+        """The prefix cache serves compact attention with last-token outputs only (a copy of the
+        runner with another mode or pooling, `dataclasses.replace`, keeps the pool but not its use)."""
+        return self.radix_attention == "compact" and (self.kind == "reranker" or self.pooling == "last-token")
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Differentiable pooled output on the device: [B, E] embeddings or [B] raw scores."""

@@ -246,6 +246,11 @@ def test_modes_the_cache_cannot_serve_turn_it_off(tiny_embedding_dir, caplog):
     assert "prefix cache off: pooling=mean" in text and "radix_attention=paper" in text and "size 0" in text
     with pytest.raises(ValueError):
         load_runner(str(tiny_embedding_dir), device="cpu", prefix_cache_size="many")
+    import dataclasses
+
+    on = load_runner(str(tiny_embedding_dir), device="cpu")
+    for other in (dataclasses.replace(on, radix_attention="paper"), dataclasses.replace(on, pooling="cls")):
+        assert _prepare(other, [list(range(300, 340))], True).cache is None  # the pool stays unused
 
 
 def test_metrics_report_the_cache(tiny_embedding_dir):
