@@ -4,9 +4,12 @@ Invariant: all index arithmetic happens here, in numpy, on the scheduler's CPU t
 forward only reads tensors and Python ints (no .item()/.tolist() on device tensors).
 "Rows" are the rows the model runs on: N original tokens in mode "off", N' compact tokens in
 "paper"/"compact". `last_rows`/`first_rows` index those rows.
+With a prefix cache (compact mode only) the rows are the N' nodes minus those read from the
+cache; each layer's keys come from [pool rows read | new rows] and kv_index indexes that.
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +17,7 @@ import torch
 from torch import Tensor
 
 from models.attention import AttnMeta, make_meta, to_device
+from models.prefix_cache import CacheIO, PrefixCache
 
 MODES = ("off", "paper", "compact")
 
@@ -33,10 +37,28 @@ class ForwardBatch:
     gather: Tensor | None  # paper: [N'] int64 an original row of each compact row (output back)
     kv_index: Tensor | None  # [sum owner lengths] int64 compact rows of each owner's keys
     mean_weights: Tensor | None  # [B, T] sparse COO: multiplicity / length (mean pooling)
+    cache: CacheIO | None = None  # pool reads/writes of this batch (compact mode with a cache)
+    cached_tokens: tuple[int, ...] = ()  # [B] tokens of each sequence read from the cache
 
     @property
     def num_rows(self) -> int:
         return int(self.input_ids.shape[0])
+
+    @property
+    def computed_tokens(self) -> tuple[int, ...]:
+        """[B] tokens of each sequence not served by the prefix cache (len - cached)."""
+        if not self.cached_tokens:
+            return self.seq_lens
+        return tuple(n - c for n, c in zip(self.seq_lens, self.cached_tokens))
+
+    @property
+    def cache_hit_tokens(self) -> int:
+        return sum(self.cached_tokens)
+
+    @property
+    def cache_miss_tokens(self) -> int:
+        """Tokens the cache did not serve (0 without a cache: nothing was looked up)."""
+        return self.num_tokens - self.cache_hit_tokens if self.cache is not None else 0
 
 
 def _positions(cu: np.ndarray) -> np.ndarray:
@@ -64,23 +86,43 @@ def _mean_weights(rows: np.ndarray, lens: np.ndarray, num_rows: int,
                                    is_coalesced=True)
 
 
+def _checked(input_ids, cu_seqlens) -> tuple[np.ndarray, np.ndarray]:
+    """(ids [N] int64, cu [B+1] int64) after checking they describe one ragged batch."""
+    ids = np.asarray(input_ids).astype(np.int64, copy=False)
+    cu = np.asarray(cu_seqlens).astype(np.int64, copy=False)
+    lens = np.diff(cu)
+    if ids.shape[0] != int(cu[-1]):
+        raise ValueError(f"input_ids has {ids.shape[0]} tokens, cu_seqlens says {int(cu[-1])}")
+    if len(lens) and lens.min() <= 0:
+        raise ValueError("every sequence needs at least one token")
+    return ids, cu
+
+
 def build_forward_batch(input_ids, cu_seqlens, index=None, *, mode: str = "compact",
-                        device: torch.device | str = "cpu", mean_pooling: bool = False) -> ForwardBatch:
+                        device: torch.device | str = "cpu", mean_pooling: bool = False,
+                        cache: PrefixCache | None = None) -> ForwardBatch:
     """Host-side builder. input_ids [N] int, cu_seqlens [B+1] int, index RadixIndex-shaped or None.
 
-    With index=None the mode is "off" whatever `mode` says.
+    With index=None the mode is "off" whatever `mode` says, unless a `cache` is given (compact
+    mode only): then index=None means one node per token (no in-batch sharing), and the batch
+    holds a lease on the cache that `cache.commit()`/`abort()` must settle (dropping the batch
+    aborts it).
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     device = torch.device(device)
-    ids = np.asarray(input_ids).astype(np.int64, copy=False)
-    cu = np.asarray(cu_seqlens).astype(np.int64, copy=False)
+    ids, cu = _checked(input_ids, cu_seqlens)
     lens = np.diff(cu)
     n, b = int(cu[-1]), len(lens)
-    if ids.shape[0] != n:
-        raise ValueError(f"input_ids has {ids.shape[0]} tokens, cu_seqlens says {n}")
-    if b and lens.min() <= 0:
-        raise ValueError("every sequence needs at least one token")
+    if cache is not None:
+        if mode != "compact" or mean_pooling:
+            raise ValueError("the prefix cache needs compact attention and no mean pooling")
+        lease = cache.plan(ids, cu)
+        try:
+            return _build_cached(ids, cu, index, cache, lease, device)
+        except BaseException:
+            cache.abort(lease)
+            raise
     if index is None or mode == "off":
         mode = "off"
         row_ids, positions = ids, _positions(cu)
@@ -119,4 +161,88 @@ def build_forward_batch(input_ids, cu_seqlens, index=None, *, mode: str = "compa
         num_tokens=n, seq_lens=tuple(int(x) for x in lens), last_rows=dev(last),
         first_rows=dev(first), scatter=dev(scatter), gather=dev(gather), kv_index=dev(kv_index),
         mean_weights=weights,
+    )
+
+
+def _segment_sum(values: np.ndarray, cu: np.ndarray) -> np.ndarray:
+    """[B] sum of values over each sequence's rows (every sequence has >= 1 row)."""
+    return np.add.reduceat(values, cu[:-1]) if len(cu) > 1 else np.zeros(0, values.dtype)
+
+
+def _build_cached(ids: np.ndarray, cu: np.ndarray, index, cache: PrefixCache, lease,
+                  device: torch.device) -> ForwardBatch:
+    """Compact batch whose cached nodes are read from the pool instead of computed.
+
+    Sequence s may read its first m(s) tokens, m(s) = its cached blocks capped below the depth of
+    any node on its path that is some sequence's last token (pooled rows must be computed; this
+    covers m(s) <= len(s) - 1). A node is cached iff its depth < max m over the sequences through
+    it: that set is prefix-closed along every path, so the computed nodes of each owner remain a
+    suffix of its block and compact attention's bottom-right alignment stays exact.
+    """
+    lens = np.diff(cu)
+    n, b = int(cu[-1]), len(lens)
+    depth = _positions(cu)  # [N]
+    seq = np.repeat(np.arange(b, dtype=np.int64), lens)  # [N]
+    if index is None:  # one node per token; each sequence owns all of its rows
+        node_ids, node_pos, rows_of = ids, depth, np.arange(n, dtype=np.int64)
+        owner_of_node = seq
+    else:
+        node_ids = np.asarray(index.compact_ids).astype(np.int64)
+        node_pos = np.asarray(index.compact_positions).astype(np.int64)
+        rows_of = np.asarray(index.scatter).astype(np.int64)
+        owners = np.asarray(index.owners).astype(np.int64)
+        owner_of_node = np.repeat(owners, np.diff(np.asarray(index.cu_seqlens_q).astype(np.int64)))
+    n_nodes = len(node_ids)
+    last_node = rows_of[cu[1:] - 1]  # [B]
+    is_last = np.zeros(n_nodes, dtype=bool)
+    is_last[last_node] = True
+    # [B] shallowest depth on each path whose node is a pooled row (its own last token at most)
+    cap = np.minimum.reduceat(np.where(is_last[rows_of], depth, n), cu[:-1]) if b else lens
+    m = np.minimum(lease.matched, cap)  # [B]
+    readable = depth < m[seq]  # [N] rows whose K/V this batch may take from the pool
+    reach = np.zeros(n_nodes, dtype=np.int64)
+    np.maximum.at(reach, rows_of, m[seq])
+    cached = node_pos < reach  # [N'] nodes read from the pool, prefix-closed along every path
+    pool_row = np.full(n_nodes, -1, dtype=np.int64)
+    # row (s, d) with d < m(s) <= matched(s) sits at read_rows[offset(s) + d]
+    offset = np.concatenate([[0], np.cumsum(lease.matched)[:-1]])
+    pool_row[rows_of[readable]] = lease.read_rows[offset[seq[readable]] + depth[readable]]
+    keep = ~cached
+    n_read, n_new = int(cached.sum()), int(keep.sum())
+    src = np.empty(n_nodes, dtype=np.int64)  # [N'] row of each node in [pool rows read | new rows]
+    src[cached] = np.arange(n_read)
+    src[keep] = n_read + np.arange(n_new)
+    src_of_row = src[rows_of]  # [N]
+    n_computed = np.bincount(owner_of_node[keep], minlength=b)  # [B] new rows each sequence owns
+    owners = np.flatnonzero(n_computed)  # ascending = compact order (owners come in batch order)
+    cu_q = np.concatenate([[0], np.cumsum(n_computed[owners])])
+    owner_lens = lens[owners]
+    cu_k = np.concatenate([[0], np.cumsum(owner_lens)])
+    starts = np.repeat(cu[owners] - cu_k[:-1], owner_lens)  # [sum owner lens]
+    kv_index = src_of_row[np.arange(int(cu_k[-1]), dtype=np.int64) + starts]
+    # NOTE: a cached first token has no hidden row (-1 makes cls pooling fail loudly; the runner
+    # turns the cache off for cls and mean pooling).
+    first = np.where(cached[rows_of[cu[:-1]]], -1, src_of_row[cu[:-1]] - n_read)
+    last = src_of_row[cu[1:] - 1] - n_read  # never cached: m(s) stays below every pooled row
+    # [W*block] each written block's rows: original row -> source row, pool slot -> pool row
+    blk = cache.block
+    rows_w = (lease.write_starts[:, None] + np.arange(blk)).ravel()
+    dst_w = (lease.write_slots[:, None] * blk + np.arange(blk)).ravel()
+    hits = _segment_sum(cached[rows_of].astype(np.int64), cu)  # [B]
+    lease.hits, lease.misses = int(hits.sum()), n - int(hits.sum())
+
+    def dev(a: np.ndarray) -> Tensor:
+        return to_device(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)), device)
+
+    io = CacheIO(cache=cache, lease=lease, read_rows=dev(pool_row[cached]) if n_read else None,
+                 write_rows=dev(dst_w) if dst_w.size else None,
+                 write_src=dev(src_of_row[rows_w]) if dst_w.size else None)
+    # A batch dropped before it ran (or never settled) gives its pins and pending rows back.
+    weakref.finalize(io, cache.abort, lease)
+    return ForwardBatch(
+        mode="compact", input_ids=dev(node_ids[keep]), positions=dev(node_pos[keep]),
+        attn=make_meta(cu_q, cu_k, device), num_seqs=b, num_tokens=n,
+        seq_lens=tuple(int(x) for x in lens), last_rows=dev(last), first_rows=dev(first),
+        scatter=None, gather=None, kv_index=dev(kv_index), mean_weights=None,
+        cache=io, cached_tokens=tuple(int(x) for x in hits),
     )

@@ -8,6 +8,7 @@ on the N' compact rows and only attention sees sequences:
              there, the output is gathered back to N' rows (gather).
 - "compact": T = N' rows; queries stay compact (each owner's block is a suffix of it), K/V are
              gathered per owner to its full length (kv_index), causal mask aligned bottom-right.
+             With a prefix cache, cached nodes are not rows at all: their K/V come from the pool.
 Module attribute names are the checkpoint's, so loading is a name walk (models/loader.py).
 """
 from __future__ import annotations
@@ -94,6 +95,8 @@ class Attention(nn.Module):
             of = ker.attention(qf, kf, vf, batch.attn, scale=self.scale)  # [N, H, D]
             return ker.gather_rows(of, batch.gather)  # [N', H, D]
         # compact: queries stay [N', H, D]; each owner's keys are its full sequence.
+        if batch.cache is not None:  # keys also come from the pool: [P + N', Hkv, D]
+            k, v = batch.cache.extend(self.layer_idx, k, v, ker.gather_rows_pair)
         kc, vc = ker.gather_rows_pair(k, v, batch.kv_index)  # [sum owner lens, Hkv, D]
         return ker.attention(q, kc, vc, batch.attn, scale=self.scale)
 
@@ -143,6 +146,8 @@ class Qwen3Model(nn.Module):
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, kernels) for _ in range(cfg.num_hidden_layers))
+        for i, layer in enumerate(self.layers):  # which layer of the prefix cache's pool is its own
+            layer.self_attn.layer_idx = i
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if lm_head and not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)

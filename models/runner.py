@@ -3,11 +3,14 @@
 Invariant: `prepare` is host-only (numpy, pinned copies) so the scheduler's CPU thread can build
 batch N+1 while `run` executes batch N; it builds the prefix trie and applies the threshold gate
 itself, so callers see batches, never tries. `run` returns CPU float32 with one device-to-host
-copy. Backend and kernels are chosen once here, at build time.
+copy. Backend and kernels are chosen once here, at build time. With a prefix cache, every
+prepared batch holds a lease on it: `run` commits it when the forward succeeded and aborts it
+otherwise.
 """
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,11 +23,13 @@ from models.batch import ForwardBatch, build_forward_batch
 from models.config import ModelConfig
 from models.loader import default_device, load_weights, parse_dtype, resolve_model_dir
 from models.pooling import POOLINGS, pool, rerank_logits
+from models.prefix_cache import BLOCK_TOKENS, DEFAULT_SIZE, PrefixCache, bytes_per_token, capacity_tokens
 from models.qwen3 import Kernels, Qwen3Model
 from models.radix import build_index, positions_from_cu_seqlens
 
 KINDS = ("embedding", "reranker")
 RADIX_ATTENTION = ("compact", "paper")
+log = logging.getLogger("radixserve.models")
 _POOLING_KEYS = (("pooling_mode_lasttoken", "last-token"), ("pooling_mode_mean_tokens", "mean"),
                  ("pooling_mode_cls_token", "cls"))
 
@@ -43,6 +48,7 @@ class PreparedBatch:
     n_compact: int  # rows the model runs on: N' with the trie, N without
     ratio: float  # N'/N of the trie (1.0 when it was not built)
     used_index: bool  # did the gate let the trie through
+    computed_tokens: tuple[int, ...] = ()  # [B] tokens of each sequence not read from the prefix cache
 
 
 @dataclass
@@ -65,6 +71,7 @@ class Runner:
     yes_id: int | None = None
     no_id: int | None = None
     radix_threshold: float = 0.95  # the trie gate (see use_index)
+    prefix_cache: PrefixCache | None = None  # None: off (size 0, or a mode it cannot serve)
 
     def prepare(self, input_ids, cu_seqlens) -> PreparedBatch:
         """Host side: input_ids int [N], cu_seqlens int [B+1] -> everything the forward needs.
@@ -82,9 +89,17 @@ class Runner:
         forward = build_forward_batch(
             input_ids, cu_seqlens, index, mode=self.radix_attention, device=self.device,
             mean_pooling=self.kind == "embedding" and self.pooling == "mean",
+            cache=self.prefix_cache if self.cache_usable else None,
         )
-        n_compact = n if index is None else len(index.compact_ids)
-        return PreparedBatch(forward, n_tokens=n, n_compact=n_compact, ratio=ratio, used_index=index is not None)
+        # NOTE: rows actually computed: N' (or N) less the prefix cache's hits.
+        return PreparedBatch(forward, n_tokens=n, n_compact=forward.num_rows, ratio=ratio,
+                             used_index=index is not None, computed_tokens=forward.computed_tokens)
+
+    @property
+    def cache_usable(self) -> bool:
+        """The prefix cache serves compact attention with last-token outputs only (a copy of the
+        runner with another mode or pooling, `dataclasses.replace`, keeps the pool but not its use)."""
+        return self.radix_attention == "compact" and (self.kind == "reranker" or self.pooling == "last-token")
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Differentiable pooled output on the device: [B, E] embeddings or [B] raw scores."""
@@ -96,11 +111,20 @@ class Runner:
     def run(self, prepared: PreparedBatch) -> torch.Tensor:
         """CPU float32: [B, E] pooled embeddings (not normalised) or [B] raw reranker scores."""
         batch = prepared.forward
-        with torch.inference_mode():
-            if batch.num_seqs == 0:
-                shape = (0,) if self.kind == "reranker" else (0, self.hidden_size)
-                return torch.zeros(shape, dtype=torch.float32)
-            return self.forward(batch).float().cpu()
+        try:
+            with torch.inference_mode():
+                if batch.num_seqs == 0:
+                    shape = (0,) if self.kind == "reranker" else (0, self.hidden_size)
+                    out = torch.zeros(shape, dtype=torch.float32)
+                else:
+                    out = self.forward(batch).float().cpu()  # synchronises: pool writes are done
+        except BaseException:
+            if batch.cache is not None:
+                batch.cache.abort()
+            raise
+        if batch.cache is not None:
+            batch.cache.commit()
+        return out
 
 
 def detect_kind(model_dir: Path, cfg: ModelConfig) -> str:
@@ -141,8 +165,13 @@ def _token_id(tok: Tokenizer, word: str) -> int:
 
 def load_runner(model_id: str, *, revision: str | None = None, device=None, dtype=None,
                 radix_attention: str = "compact", pooling: str | None = None,
-                kind: str | None = None, radix_threshold: float = 0.95) -> Runner:
-    """Resolve, load and wire up a model for serving (see docs/architecture.md)."""
+                kind: str | None = None, radix_threshold: float = 0.95,
+                prefix_cache_size: str | int = DEFAULT_SIZE) -> Runner:
+    """Resolve, load and wire up a model for serving (see docs/architecture.md).
+
+    prefix_cache_size: "512MiB", "2GB", "8192tokens", a byte count, "auto" or 0 (off); see
+    docs/operations.md, "Prefix cache".
+    """
     if not radix_threshold >= 0.0:  # NOTE: also refuses NaN
         raise ValueError(f"radix_threshold must be >= 0, got {radix_threshold!r}")
     if radix_attention not in RADIX_ATTENTION:
@@ -151,6 +180,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
     if kind is not None and kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    capacity_tokens(prefix_cache_size, 1)  # a malformed size fails before the weights load
     model_dir = resolve_model_dir(model_id, revision)
     cfg = ModelConfig.from_pretrained_dir(model_dir)
     device = torch.device(device) if device is not None else default_device()
@@ -169,15 +199,43 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     yes_id = no_id = None
     if kind == "reranker":
         yes_id, no_id = _token_id(tokenizer, "yes"), _token_id(tokenizer, "no")
+    pooling = pooling or detect_pooling(model_dir)
+    prefix_cache = _prefix_cache(cfg, prefix_cache_size, kind=kind, pooling=pooling,
+                                 radix_attention=radix_attention, device=device, dtype=dtype)
     max_positions = cfg.max_position_embeddings
     if cfg.sliding_window is not None:  # beyond the window our full causal attention is wrong
         max_positions = min(max_positions, cfg.sliding_window)
     return Runner(
         kind=kind, model_id=str(model_id), config=cfg, tokenizer=tokenizer, model=model,
-        device=device, dtype=dtype, pooling=pooling or detect_pooling(model_dir),
+        device=device, dtype=dtype, pooling=pooling,
         radix_attention=radix_attention, attention_backend=backend.name,
         kernels=kernels.describe(device), max_positions=max_positions,
         hidden_size=cfg.hidden_size, prompts=prompts, default_prompt_name=default_prompt_name,
-        yes_id=yes_id, no_id=no_id, radix_threshold=float(radix_threshold),
+        yes_id=yes_id, no_id=no_id, radix_threshold=float(radix_threshold), prefix_cache=prefix_cache,
     )
+
+
+def _prefix_cache(cfg: ModelConfig, size, *, kind: str, pooling: str, radix_attention: str,
+                  device: torch.device, dtype: torch.dtype) -> PrefixCache | None:
+    """The preallocated pool, or None with a start-up line saying why it is off."""
+    per_token = bytes_per_token(layers=cfg.num_hidden_layers, kv_heads=cfg.num_key_value_heads,
+                                head_dim=cfg.head_dim, dtype=dtype)
+    tokens = capacity_tokens(size, per_token)
+    reason = None
+    if tokens <= 0:
+        reason = "size 0"
+    elif radix_attention != "compact":
+        reason = f"radix_attention={radix_attention} (it needs compact attention)"
+    elif kind == "embedding" and pooling != "last-token":
+        reason = f"pooling={pooling} (it reads rows of every token, or the first; cached rows have no hidden state)"
+    elif tokens < BLOCK_TOKENS:
+        reason = f"size {size!r} is under one {BLOCK_TOKENS}-token block ({per_token} bytes per token)"
+    if reason is not None:
+        (log.info if tokens <= 0 else log.warning)("prefix cache off: %s", reason)
+        return None
+    cache = PrefixCache(layers=cfg.num_hidden_layers, kv_heads=cfg.num_key_value_heads,
+                        head_dim=cfg.head_dim, capacity=tokens, dtype=dtype, device=device)
+    log.info("prefix cache on: %d tokens, %.1f MiB (%d bytes per token)", cache.n_slots * cache.block,
+             cache.capacity_bytes / 2**20, per_token)
+    return cache
 

@@ -6,6 +6,7 @@ app instance (never the process-global one) lets tests build several apps side b
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 # Latency buckets in seconds, 1 ms .. 60 s.
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -58,3 +59,28 @@ class Metrics:
             "Share of wall time the model worker waited for a batch while the queue was not empty",
             registry=r,
         )
+
+        self.prefix_cache = _PrefixCacheCollector()  # zeros until a cache is watched
+        r.register(self.prefix_cache)
+
+    def watch_prefix_cache(self, cache) -> None:
+        """Report this prefix cache's counters (its ``stats()``, read at scrape time); None: zeros."""
+        self.prefix_cache.cache = cache
+
+
+class _PrefixCacheCollector:
+    """radixserve_prefix_cache_*: hit/miss tokens of batches that ran, bytes in use, evictions."""
+
+    cache = None
+
+    def collect(self):
+        st = self.cache.stats() if self.cache is not None else {}
+        tokens = CounterMetricFamily("radixserve_prefix_cache_tokens",
+                                     "Tokens read from the prefix cache (hit) or computed (miss)", labels=["result"])
+        tokens.add_metric(["hit"], st.get("hit_tokens", 0))
+        tokens.add_metric(["miss"], st.get("miss_tokens", 0))
+        yield tokens
+        yield GaugeMetricFamily("radixserve_prefix_cache_bytes", "Prefix cache pool bytes in use",
+                                value=st.get("bytes", 0))
+        yield CounterMetricFamily("radixserve_prefix_cache_evictions", "Blocks evicted from the prefix cache",
+                                  value=st.get("evictions", 0))

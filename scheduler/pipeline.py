@@ -277,8 +277,10 @@ class Pipeline:
         forward_s = batch.forward_end - batch.forward_start
         if self.metrics is not None:
             self.metrics.forward_duration.observe(forward_s)
-        for e, value in zip(batch.entries, values):
-            self._settle_entry(e, (value, batch.forward_start - e.arrival, forward_s), None)
+        # Tokens each item cost (less what the runner read from its prefix cache), if it says.
+        computed = getattr(batch.prepared, "computed_tokens", ()) or [e.n_tokens for e in batch.entries]
+        for e, value, cost in zip(batch.entries, values, computed):
+            self._settle_entry(e, (value, batch.forward_start - e.arrival, forward_s, int(cost)), None)
 
     # -- either thread --------------------------------------------------------------------------
     def _fail(self, batch: _Batch, stage: str, exc: Exception) -> None:

@@ -34,7 +34,7 @@ class SubmitResult:
     outputs: list  # one per item, as the runner made it: float (a score) or float32 ndarray
     queue_time_s: float  # max over items of (forward start - enqueue)
     inference_time_s: float  # max over the batches the items were in
-    compute_tokens: int  # total tokens of the items
+    compute_tokens: int  # tokens computed for the items (prefix-cache hits excluded)
 
 
 class _Ticket:
@@ -194,5 +194,5 @@ class Scheduler:
             outputs=[r[0] for r in results],
             queue_time_s=max(r[1] for r in results),
             inference_time_s=max(r[2] for r in results),
-            compute_tokens=sum(len(ids) for ids in items),
+            compute_tokens=sum(r[3] for r in results),
         )

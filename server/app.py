@@ -47,6 +47,7 @@ def load_runner(config: ServerConfig):
         radix_attention=config.radix_attention,
         pooling=config.pooling,
         radix_threshold=config.radix_mlp_threshold,
+        prefix_cache_size=config.prefix_cache_size,
     )
 
 
@@ -91,6 +92,7 @@ def create_app(config: ServerConfig, runner=None, scheduler=None) -> FastAPI:
     if metrics is None:
         metrics = Metrics()
     lifecycle = Lifecycle(grace_s=config.graceful_shutdown_timeout)
+    metrics.watch_prefix_cache(getattr(runner, "prefix_cache", None))
     if owned:
         scheduler = build_scheduler(config, runner, metrics, on_death=lifecycle.worker_died)
     max_len = max_input_length(config, runner)

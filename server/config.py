@@ -94,6 +94,8 @@ class ServerConfig:
     hf_api_token: str | None = option(None, "deprecated TEI spelling of --hf-token", secret=True)
     huggingface_hub_cache: str | None = option(None, "Hugging Face Hub cache directory (default: HF_HOME/hub)")
     dense_path: str | None = option(None, "TEI: path of a Dense module", inert="Qwen3 checkpoints have no Dense module")
+    prefix_cache_size: str = option(
+        "auto", "cross-batch K/V cache of shared prefixes: 512MiB, 2GB, 8192tokens, a byte count, auto or 0 (off)")
 
     def __post_init__(self) -> None:
         hints = field_types()
@@ -120,6 +122,9 @@ class ServerConfig:
                 f"--max-concurrent-requests ({self.max_concurrent_requests}) is smaller than "
                 f"--max-client-batch-size ({self.max_client_batch_size}): a request with that many inputs "
                 "could never be admitted. Raise --max-concurrent-requests or lower --max-client-batch-size")
+        from models.prefix_cache import capacity_tokens
+
+        capacity_tokens(self.prefix_cache_size, 1)  # raises on a malformed size
 
     @property
     def model_name(self) -> str:

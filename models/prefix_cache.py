@@ -1,0 +1,277 @@
+"""Cross-batch prefix cache: per-layer K/V rows of token blocks that earlier batches computed.
+
+Structure: a persistent radix tree whose edges are fixed blocks of `block` tokens (16), keyed
+exactly by (parent block id, the block's token ids as bytes). A dict lookup compares that key in
+full, and block ids are never reused, so a hit is always the very same token prefix from position
+0: there is no hash to collide and no way to return another prefix's rows. Each block owns
+`block` consecutive rows of a pool preallocated at start, K and V [layers, rows, Hkv, D], holding
+K after q/k-norm and rotary at absolute positions, so its rows are valid for any sequence that
+starts with the same tokens.
+
+Invariants:
+- Chains are prefix-closed: a committed block's parent is committed. Eviction takes unpinned
+  leaves only, least recently used first, and touches run child-first (parents more recent).
+- Look-ups see committed blocks only. A batch pins (refcount) every block it reads, and its own
+  new blocks stay private (pending) until `commit`, after its forward succeeded; `abort` (a failed
+  or dropped batch) unpins and frees them, so rows never become reachable half written.
+- The index is locked: the prep thread plans batch N+1 while the worker commits batch N.
+"""
+from __future__ import annotations
+
+import collections
+import itertools
+import re
+import threading
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import Tensor
+
+BLOCK_TOKENS = 16
+DEFAULT_SIZE = "auto"  # min(512 MiB, 65536 tokens): safe next to a small GPU's model and on CPU
+_AUTO_BYTES, _AUTO_TOKENS = 512 << 20, 65536
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$")
+
+
+def bytes_per_token(*, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    """K and V of one token across all layers: 2 * layers * Hkv * D * dtype bytes."""
+    return 2 * layers * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
+
+
+def capacity_tokens(size: str | int, per_token: int) -> int:
+    """Token rows a size allows: "512MiB", "2GB", "8192tokens", a byte count, "auto"; 0 disables."""
+    text = str(size).strip().lower()
+    if text == "auto":
+        return min(_AUTO_BYTES // per_token, _AUTO_TOKENS)
+    m = _SIZE.match(text)
+    if m is None:
+        raise ValueError(f"prefix cache size must look like 512MiB, 2GB, 8192tokens or 0, got {size!r}")
+    value, unit = float(m.group(1)), m.group(2)
+    if unit in ("token", "tokens"):
+        return int(value)
+    if unit not in _UNITS:
+        raise ValueError(f"unknown unit {unit!r} in prefix cache size {size!r}")
+    return int(value * _UNITS[unit]) // per_token
+
+
+@dataclass(eq=False)
+class _Block:
+    id: int
+    parent: "_Block | None"
+    tokens: bytes  # the block's token ids, int32
+    depth: int  # block index from position 0
+    slot: int  # pool rows slot*block .. slot*block + block - 1
+    refs: int = 0
+    children: int = 0
+
+    @property
+    def key(self) -> tuple[int, bytes]:
+        return (self.parent.id if self.parent is not None else 0, self.tokens)
+
+
+@dataclass(eq=False)
+class Lease:
+    """One batch's hold on the cache: the chains it reads (pinned) and the blocks it writes."""
+
+    matched: np.ndarray  # [B] int64 tokens of each sequence found in the cache (block multiple)
+    read_rows: np.ndarray  # [sum matched] int64 pool row of each matched token, sequence by sequence
+    write_starts: np.ndarray  # [W] int64 original row of each written block's first token
+    write_slots: np.ndarray  # [W] int64 pool slot of each written block
+    pinned: list[_Block] = field(default_factory=list)
+    pending: list[_Block] = field(default_factory=list)
+    hits: int = 0  # tokens read from the cache, set by the batch builder
+    misses: int = 0
+    done: bool = False
+
+
+class PrefixCache:
+    """The pool and its block index; `plan` on the prep thread, `commit`/`abort` after the run."""
+
+    def __init__(self, *, layers: int, kv_heads: int, head_dim: int, capacity: int,
+                 dtype: torch.dtype, device: torch.device | str, block: int = BLOCK_TOKENS):
+        if capacity < block:
+            raise ValueError(f"prefix cache needs at least one block of {block} tokens, got {capacity}")
+        self.block, self.n_slots = block, capacity // block
+        self.bytes_per_token = bytes_per_token(layers=layers, kv_heads=kv_heads, head_dim=head_dim,
+                                               dtype=dtype)
+        rows = self.n_slots * block
+        # NOTE: zeros, not empty: the memory is committed now, so a pool too large fails at start.
+        self.k = torch.zeros(layers, rows, kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = torch.zeros(layers, rows, kv_heads, head_dim, dtype=dtype, device=device)
+        self._index: dict[tuple[int, bytes], _Block] = {}
+        self._lru: collections.OrderedDict[int, _Block] = collections.OrderedDict()  # oldest first
+        self._free = list(range(self.n_slots - 1, -1, -1))
+        self._ids = itertools.count(1)  # 0 is the root
+        self._lock = threading.RLock()
+        self.hits = self.misses = self.evictions = 0
+
+    @property
+    def capacity_bytes(self) -> int:
+        return self.n_slots * self.block * self.bytes_per_token
+
+    @property
+    def bytes_in_use(self) -> int:
+        """Committed and pending blocks (the rows that cannot be handed out)."""
+        return (self.n_slots - len(self._free)) * self.block * self.bytes_per_token
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"hit_tokens": self.hits, "miss_tokens": self.misses,
+                    "evictions": self.evictions, "bytes": self.bytes_in_use,
+                    "capacity_bytes": self.capacity_bytes, "blocks": len(self._index)}
+
+    # -- planning (prep thread) -----------------------------------------------------------------
+    def plan(self, input_ids: np.ndarray, cu_seqlens: np.ndarray) -> Lease:
+        """Look up every sequence's cached prefix (pinning it) and choose the blocks to write."""
+        ids = np.ascontiguousarray(np.asarray(input_ids), dtype=np.int32)
+        cu = np.asarray(cu_seqlens, dtype=np.int64)
+        blk = self.block
+        matched = np.zeros(len(cu) - 1, dtype=np.int64)
+        reads: list[np.ndarray] = []
+        starts: list[int] = []
+        slots: list[int] = []
+        lease = Lease(matched, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        pending: dict[tuple[int, bytes], _Block] = {}
+        offsets = np.arange(blk, dtype=np.int64)
+        with self._lock:
+            for s in range(len(cu) - 1):
+                a = int(cu[s])
+                n_full = (int(cu[s + 1]) - a) // blk
+                raw = ids[a:a + n_full * blk].tobytes()
+                width = 4 * blk
+                parent: _Block | None = None
+                chain: list[_Block] = []
+                j = 0
+                while j < n_full:
+                    found = self._index.get((parent.id if parent else 0, raw[j * width:(j + 1) * width]))
+                    if found is None:
+                        break
+                    chain.append(found)
+                    parent, j = found, j + 1
+                for b in chain:
+                    b.refs += 1
+                lease.pinned.extend(chain)
+                self._touch(chain)
+                matched[s] = j * blk
+                if chain:
+                    reads.append((np.array([b.slot for b in chain], np.int64)[:, None] * blk
+                                  + offsets).ravel())
+                for jj in range(j, n_full):
+                    key = (parent.id if parent else 0, raw[jj * width:(jj + 1) * width])
+                    mine = pending.get(key)
+                    if mine is None:
+                        slot = self._allocate()
+                        if slot is None:
+                            break  # pool full of pinned or inner blocks: write nothing deeper
+                        mine = _Block(next(self._ids), parent, key[1], jj, slot)
+                        pending[key] = mine
+                        lease.pending.append(mine)
+                        starts.append(a + jj * blk)
+                        slots.append(slot)
+                    parent = mine
+        if reads:
+            lease.read_rows = np.concatenate(reads)
+        lease.write_starts = np.asarray(starts, dtype=np.int64)
+        lease.write_slots = np.asarray(slots, dtype=np.int64)
+        return lease
+
+    def _allocate(self) -> int | None:
+        if self._free:
+            return self._free.pop()
+        for victim in self._lru.values():  # oldest first; parents are never older than children
+            if victim.refs == 0 and victim.children == 0:
+                self._drop(victim)
+                self.evictions += 1
+                return self._free.pop()
+        return None
+
+    def _drop(self, b: _Block) -> None:
+        del self._index[b.key]
+        del self._lru[b.id]
+        if b.parent is not None:
+            b.parent.children -= 1
+        self._free.append(b.slot)
+
+    def _touch(self, blocks: list[_Block]) -> None:
+        """Most recent use: deepest first, so every parent ends up more recent than its children."""
+        for b in sorted(blocks, key=lambda x: -x.depth):
+            if b.id in self._lru:
+                self._lru.move_to_end(b.id)
+
+    # -- settling (worker thread) ---------------------------------------------------------------
+    def commit(self, lease: Lease) -> None:
+        """The batch ran: publish its blocks (a block another batch published meanwhile wins)."""
+        with self._lock:
+            if lease.done:
+                return
+            lease.done = True
+            same: dict[int, _Block] = {}  # pending id -> the committed block it duplicates
+            touched = list(lease.pinned)
+            for b in lease.pending:  # parents before children
+                if b.parent is not None:
+                    b.parent = same.get(b.parent.id, b.parent)
+                existing = self._index.get(b.key)
+                if existing is not None:
+                    same[b.id] = existing
+                    self._free.append(b.slot)
+                    touched.append(existing)
+                    continue
+                self._index[b.key] = b
+                self._lru[b.id] = b
+                if b.parent is not None:
+                    b.parent.children += 1
+                touched.append(b)
+            self._touch(touched)
+            for b in lease.pinned:
+                b.refs -= 1
+            self.hits += lease.hits
+            self.misses += lease.misses
+
+    def abort(self, lease: Lease) -> None:
+        """The batch failed or was dropped: unpin, and free the rows it may have half written."""
+        with self._lock:
+            if lease.done:
+                return
+            lease.done = True
+            for b in lease.pinned:
+                b.refs -= 1
+            self._free.extend(b.slot for b in lease.pending)
+
+
+GatherPair = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+
+
+@dataclass(frozen=True)
+class CacheIO:
+    """What one batch's attention layers read from and write to the pool (device index tensors).
+
+    Each layer's K/V source is [pool rows read | the batch's new rows], [P + T, Hkv, D]; the
+    batch's kv_index and `write_src` index that source.
+    """
+
+    cache: PrefixCache
+    lease: Lease
+    read_rows: Tensor | None  # [P] int64 pool rows this batch reads (None: it reads none)
+    write_rows: Tensor | None  # [W*block] int64 pool rows this batch writes
+    write_src: Tensor | None  # [W*block] int64 row of the source holding each written row
+
+    def extend(self, layer: int, k: Tensor, v: Tensor, gather_pair: GatherPair) -> tuple[Tensor, Tensor]:
+        """k, v [T, Hkv, D] -> [P + T, Hkv, D], storing this layer's new blocks on the way."""
+        if self.read_rows is not None:
+            kp, vp = gather_pair(self.cache.k[layer], self.cache.v[layer], self.read_rows)  # [P, Hkv, D]
+            k, v = torch.cat((kp, k)), torch.cat((vp, v))
+        if self.write_rows is not None:
+            # NOTE: detached: the pool is a constant to autograd, never part of a graph.
+            self.cache.k[layer].index_copy_(0, self.write_rows, k.detach().index_select(0, self.write_src))
+            self.cache.v[layer].index_copy_(0, self.write_rows, v.detach().index_select(0, self.write_src))
+        return k, v
+
+    def commit(self) -> None:
+        self.cache.commit(self.lease)
+
+    def abort(self) -> None:
+        self.cache.abort(self.lease)

@@ -1,0 +1,171 @@
+"""The prefix cache's block index on its own: sizes, exact keys, leases, LRU eviction.
+
+Host-side only (a pool of 1 layer, 1 head, dim 2 on CPU); the forward's exactness with the cache
+is tests/test_prefix_cache_exact.py. A random walk of plan/commit/abort checks the structural
+invariants after every step against a reference recount.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from models.prefix_cache import PrefixCache, bytes_per_token, capacity_tokens
+
+BLK = 16
+
+
+def _cache(blocks: int) -> PrefixCache:
+    return PrefixCache(layers=1, kv_heads=1, head_dim=2, capacity=blocks * BLK, dtype=torch.float32,
+                       device="cpu")
+
+
+def _pack(*seqs):
+    ids = np.concatenate([np.asarray(s, dtype=np.int32) for s in seqs])
+    cu = np.zeros(len(seqs) + 1, dtype=np.int64)
+    cu[1:] = np.cumsum([len(s) for s in seqs])
+    return ids, cu
+
+
+def _seq(first: int, n: int) -> list[int]:
+    return [first] + list(range(1000, 1000 + n - 1))
+
+
+def _check(cache: PrefixCache, live_pending: int = 0) -> None:
+    """Committed chains are prefix-closed, counts agree, every slot is accounted for once."""
+    committed = list(cache._index.values())
+    ids = {b.id for b in committed}
+    for b in committed:
+        assert b.parent is None or b.parent.id in ids, "a committed block lost its parent"
+        assert b.children == sum(1 for c in committed if c.parent is b)
+        assert cache._index[b.key] is b
+    assert set(cache._lru) == ids
+    slots = [b.slot for b in committed] + list(cache._free)
+    assert len(slots) == len(set(slots)) and len(slots) + live_pending == cache.n_slots
+    order = list(cache._lru.values())
+    for i, b in enumerate(order):  # LRU: every parent is more recent than each of its children
+        if b.parent is not None:
+            assert order.index(b.parent) > i
+
+
+def test_sizes():
+    per = bytes_per_token(layers=28, kv_heads=8, head_dim=128, dtype=torch.bfloat16)
+    assert per == 2 * 28 * 8 * 128 * 2
+    assert capacity_tokens("512MiB", per) == (512 << 20) // per
+    assert capacity_tokens("2GB", per) == 2 * 10**9 // per
+    assert capacity_tokens("1.5 GiB", per) == int(1.5 * 2**30) // per
+    assert capacity_tokens("8192tokens", per) == 8192
+    assert capacity_tokens(" 0 ", per) == 0 and capacity_tokens(0, per) == 0
+    assert capacity_tokens(4096, 1024) == 4
+    assert capacity_tokens("auto", per) == (512 << 20) // per
+    assert capacity_tokens("auto", 64) == 65536  # tiny models: capped in tokens
+    for bad in ("12 parsecs", "-5", "lots", "5 MiB tokens", ""):
+        with pytest.raises(ValueError):
+            capacity_tokens(bad, per)
+
+
+def test_lookup_is_exact_and_sees_committed_blocks_only():
+    cache = _cache(8)
+    a = _seq(1, 40)
+    lease = cache.plan(*_pack(a))
+    assert lease.matched.tolist() == [0] and len(lease.write_slots) == 2  # two full blocks
+    twin = cache.plan(*_pack(a))
+    assert twin.matched.tolist() == [0]  # pending rows are invisible
+    cache.abort(twin)
+    cache.commit(lease)
+    again = cache.plan(*_pack(a, a[:20], _seq(2, 40)))
+    assert again.matched.tolist() == [32, 16, 0]
+    slots = [b.slot for b in lease.pending]
+    want = np.concatenate([np.arange(BLK) + s * BLK for s in slots])
+    assert again.read_rows.tolist() == want.tolist() + want[:16].tolist()
+    # the same second block after a different first block is another prefix: no match
+    other = _seq(2, 40)
+    other[16:32] = a[16:32]
+    miss = cache.plan(*_pack(other))
+    assert miss.matched.tolist() == [0]
+    cache.abort(miss)
+    cache.abort(again)
+    _check(cache)
+
+
+def test_duplicate_writes_dedupe_within_and_across_batches():
+    cache = _cache(8)
+    a = _seq(1, 33)
+    l1 = cache.plan(*_pack(a, a))  # the same blocks twice in one batch: written once
+    assert len(l1.write_slots) == 2
+    l2 = cache.plan(*_pack(a))  # a second batch in flight writes its own copy
+    assert len(l2.write_slots) == 2
+    cache.commit(l1)
+    cache.commit(l2)  # its copies lose to the published blocks and are freed
+    assert cache.stats()["blocks"] == 2 and cache.bytes_in_use == 2 * BLK * cache.bytes_per_token
+    _check(cache)
+
+
+def test_abort_frees_pending_and_unpins():
+    cache = _cache(4)
+    base = cache.plan(*_pack(_seq(1, 32)))
+    cache.commit(base)
+    lease = cache.plan(*_pack(_seq(1, 64)))
+    assert lease.matched.tolist() == [32] and all(b.refs == 1 for b in lease.pinned)
+    cache.abort(lease)
+    cache.abort(lease)  # idempotent
+    assert all(b.refs == 0 for b in lease.pinned)
+    assert cache.stats()["blocks"] == 2 and cache.bytes_in_use == 2 * BLK * cache.bytes_per_token
+    _check(cache)
+
+
+def test_lru_evicts_leaves_first_and_never_pinned_blocks():
+    cache = _cache(4)
+    x, y = _seq(1, 48), _seq(2, 32)
+    cache.commit(cache.plan(*_pack(x)))  # x1 x2 x3
+    cache.commit(cache.plan(*_pack(y)))  # y1 in the free slot, y2 evicts x3 (the oldest leaf)
+    assert cache.evictions == 1
+    lease = cache.plan(*_pack(x))  # pins x1 x2; rewriting x3 must evict y2, not x2 or x1
+    assert lease.matched.tolist() == [32] and len(lease.write_slots) == 1
+    assert cache.evictions == 2
+    # y1 pinned too: every block is pinned or pending, so y2 gets no slot and nothing breaks
+    blocked = cache.plan(*_pack(y))
+    assert blocked.matched.tolist() == [16] and len(blocked.write_slots) == 0
+    assert cache.evictions == 2
+    cache.commit(lease)
+    cache.commit(blocked)
+    check = cache.plan(*_pack(x, y))
+    assert check.matched.tolist() == [48, 16]
+    cache.abort(check)
+    _check(cache)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.lists(st.lists(st.integers(1, 3), min_size=1, max_size=5),
+                                   min_size=1, max_size=3),
+                          st.sampled_from(["commit", "abort", "hold"])), min_size=1, max_size=12))
+def test_random_walk_keeps_the_invariants(steps):
+    """Sequences of 16-token blocks drawn from 3 kinds; leases settle now or one step later."""
+    cache = _cache(5)
+    held = []
+    for blocks, fate in steps:
+        seqs = [[t for k in bl for t in [k] * BLK] + [9] for bl in blocks]
+        lease = cache.plan(*_pack(*seqs))
+        for s, m in zip(seqs, lease.matched):
+            assert m % BLK == 0 and m <= len(s)
+        for old in held:  # a batch planned while the previous one ran settles after it
+            cache.commit(old)
+        held = []
+        if fate == "hold":
+            held.append(lease)
+        else:
+            getattr(cache, fate)(lease)
+        _check(cache, live_pending=sum(len(h.pending) for h in held))
+
+
+def test_server_flag_and_environment():
+    from server.cli import parse_config
+    from server.config import ServerConfig
+
+    assert ServerConfig().prefix_cache_size == "auto"
+    assert parse_config(["--prefix-cache-size", "8192tokens"], environ={}).prefix_cache_size == "8192tokens"
+    assert parse_config([], environ={"PREFIX_CACHE_SIZE": "0"}).prefix_cache_size == "0"
+    with pytest.raises(ValueError):
+        ServerConfig(prefix_cache_size="a lot")
