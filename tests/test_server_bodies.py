@@ -14,25 +14,11 @@ from server.config import ServerConfig
 from server.errors import ApiError
 from server.schemas import CohereRerankRequest, EmbedRequest, OpenAIEmbeddingRequest, TokenizeRequest
 from server.testing import ServerThread, cached_runner
-
-
-def rss_kb(field: str) -> int:
-    for line in open("/proc/self/status"):
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
+from tests.limits import measure
 
 
 def peak_growth_mb(fn) -> float:
-    """Peak RSS growth (MB) of this process while ``fn`` runs (Linux: resets the high-water mark)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-    except OSError:
-        pytest.skip("cannot reset the peak RSS on this system")
-    before = rss_kb("VmRSS")
-    fn()
-    return (rss_kb("VmHWM") - before) / 1024
+    return measure(fn)[2]
 
 
 @pytest.fixture(scope="module")
