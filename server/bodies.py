@@ -11,7 +11,7 @@ body is refused before it can allocate much:
 4. pydantic validation, whose error list is then bounded by N.
 Bodies larger than ``INLINE_BYTES`` run steps 1-4 in a worker thread. NOTE: the parse holds the
 GIL, so the thread alone would not keep the loop responsive; the container bound is what keeps
-each step short (~20 ms for a 2 MB body on a 2-core dev CPU).
+each step short (tens of ms for a 2 MB body on a 2-core dev CPU).
 """
 from __future__ import annotations
 
