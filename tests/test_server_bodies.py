@@ -39,6 +39,7 @@ HOSTILE = {
     "390k ids, one input": ("/v1/embeddings", lists_body(390_000, b"1234"), 200),  # truncated to 64
     "ids then 400k strings": ("/v1/embeddings", b'{"input": [1,' + b",".join([b'"ab"'] * 390_000) + b"]}", 422),
     "400k strings": ("/embed", lists_body(390_000, b'"ab"', b"inputs"), 422),
+    "400k strings holding brackets": ("/embed", lists_body(399_000, b'"[{"', b"inputs"), 422),
     "strings then 400k ids": ("/embed", b'{"inputs": ["a",' + b",".join([b"1"] * 900_000) + b"]}", 422),
 }
 
@@ -108,7 +109,7 @@ def test_over_the_payload_limit_is_413_without_reading_it(srv):
     (b'"text"', "must be a JSON object"),
     (lists_body(65), "65 inputs in one request, more than the maximum of 64"),
     (lists_body(100, b"1") + b"", None),  # one pre-tokenized input of 100 ids: fine
-    (lists_body(200, b"[1]"), "202 JSON arrays/objects"),
+    (lists_body(200, b"[1]"), "more than 72 JSON arrays/objects"),
     (b'{"input": [1, "a"]}', "item 1 is str"),
     (b'{"input": [[1], [2, true]]}', "item 1 is bool"),
     (b'{"input": {"a": 1}}', "input must be a string, a list of strings"),
@@ -125,9 +126,10 @@ def test_parse_bytes_messages(raw, fragment):
 
 
 def test_containers_inside_strings_do_not_count():
-    raw = b'{"inputs": ["' + b"[{" * 5000 + b'", "a \\" [ b"]}'
+    raw = b'{"inputs": ["' + b"[{" * 5000 + b'", "a \\" [ b", "\\\\", "[[["]}'
     assert count_containers(raw, limit=10) == 2
-    assert parse_bytes(raw, EmbedRequest, max_items=4).inputs[1] == 'a " [ b'
+    assert count_containers(b'[[[["[[[[[[[', limit=2) == 4  # stops once past the limit
+    assert parse_bytes(raw, EmbedRequest, max_items=4).inputs[1:] == ['a " [ b', "\\", "[[["]
     jina = b'{"query": "q", "documents": [' + b",".join([b'{"text": "d"}'] * 64) + b"]}"
     assert len(parse_bytes(jina, CohereRerankRequest, max_items=64).documents) == 64
     with pytest.raises(ApiError, match="65 documents"):
