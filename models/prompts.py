@@ -70,6 +70,14 @@ def resolve_prompt(
     return prompts[name]
 
 
+def _encode_ids_only(tokenizer: Tokenizer, texts: list[str]) -> list[Encoding]:
+    """Batch encode without char offsets (about half the CPU and far less memory on long texts);
+    ids, truncation and post-processing are unchanged. Older tokenizers lack it: plain batch encode."""
+    fast = getattr(tokenizer, "encode_batch_fast", None)
+    encode = fast if fast is not None else tokenizer.encode_batch
+    return encode(texts, add_special_tokens=False)
+
+
 def _check_direction(direction: str) -> str:
     direction = direction.lower()
     if direction not in DIRECTIONS:
@@ -95,7 +103,7 @@ def encode_texts(
     budget = max_length - n_special
     if budget < 1:
         raise ValueError(f"max_length {max_length} leaves no room next to {n_special} special tokens")
-    encodings = tokenizer.encode_batch(list(texts), add_special_tokens=False)
+    encodings = _encode_ids_only(tokenizer, list(texts))
     out = []
     for i, enc in enumerate(encodings):
         if len(enc.ids) > budget:
@@ -172,7 +180,7 @@ class RerankTemplate:
     def _ids(self, texts: Sequence[str]) -> list[list[int]]:
         if not texts:
             return []
-        return [list(e.ids) for e in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
+        return [list(e.ids) for e in _encode_ids_only(self.tokenizer, list(texts))]
 
     def _splits_cleanly(self, shared: str, pieces: Sequence[str]) -> list[bool]:
         """Per piece: does ``shared | piece`` tokenize as the two sides apart (on a window)?"""

@@ -60,8 +60,9 @@ def main() -> None:
         "tiny-embedding": [
             ("/embed", {"inputs": [words * 1_100] * 64, "truncate": True}),
             ("/tokenize", {"inputs": [words * 1_100] * 64}),
-            ("/v1/embeddings", {"input": list(range(1000, 1000 + 390_000))}),
-            ("/v1/embeddings", {"input": [[1]] * 499_000}),
+            ("/v1/embeddings", {"input": list(range(1000, 1000 + 250_000))}),
+            ("/v1/embeddings", {"input": [[1]] * 380_000}),
+            ("/embed", {"inputs": ["[{"] * 300_000}),
         ],
     }
     print("| route | body | status | CPU s | peak RSS growth MB |")

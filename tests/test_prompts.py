@@ -181,6 +181,10 @@ class _Counting:
         self.chars += sum(len(t) for t in texts)
         return self.inner.encode_batch(texts, **kw)
 
+    def encode_batch_fast(self, texts, **kw):
+        self.chars += sum(len(t) for t in texts)
+        return self.inner.encode_batch_fast(texts, **kw)
+
 
 @pytest.mark.parametrize("truncate", [False, True])
 def test_rerank_tokenizes_each_piece_once(rr_tok, truncate):
