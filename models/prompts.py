@@ -209,7 +209,9 @@ class RerankTemplate:
         direction = _check_direction(direction)
         budget = max_length - self.overhead
         if budget < 1:
-            raise ValueError(f"max_length {max_length} leaves no room for the reranker template ({self.overhead} tokens)")
+            raise ValueError(
+                f"max_length {max_length} leaves no room for the reranker template ({self.overhead} tokens)"
+            )
         whole = format_rerank_body(instruction, query, "")
         assert whole.endswith(": "), "the split below relies on the body ending with ': {document}'"
         shared_text = whole[:-1]

@@ -39,6 +39,10 @@ KINDS: dict[str, tuple[int, str, str, str]] = {
     "unhealthy": (503, "Unhealthy", "server_error", "service_unavailable"),
 }
 
+# Starlette/FastAPI HTTPException status -> our kind
+HTTP_KINDS = {400: "validation", 401: "unauthorized", 404: "not_found", 405: "method", 408: "timeout",
+              413: "too_large", 415: "media_type", 429: "overloaded", 503: "unhealthy"}
+
 # Seconds a client should wait before retrying: permits free up within a batch or two; a server
 # that is down or draining needs longer (or another replica).
 RETRY_AFTER: dict[int, str] = {429: "1", 503: "5"}
@@ -147,13 +151,13 @@ def install_handlers(app: FastAPI, *, on_error=None) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = {400: "validation", 401: "unauthorized", 404: "not_found", 405: "method", 408: "timeout",
-                413: "too_large", 415: "media_type", 429: "overloaded", 503: "unhealthy"}.get(exc.status_code, "validation")
+        kind = HTTP_KINDS.get(exc.status_code, "validation")
         if exc.status_code >= 500 and kind != "unhealthy":
             kind = "backend"
         message = str(exc.detail)
         if kind == "backend":
-            log.error("HTTP %d on %s (request id %s): %s", exc.status_code, request.url.path, request_id(request), message)
+            rid = request_id(request)
+            log.error("HTTP %d on %s (request id %s): %s", exc.status_code, request.url.path, rid, message)
             message = internal_message(request_id(request))
         elif exc.status_code == 400:  # FastAPI could not decode the body (e.g. not UTF-8)
             message = f"could not parse the request body as UTF-8 JSON ({message})"

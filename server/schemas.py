@@ -83,7 +83,9 @@ OpenAIInput = Annotated[
     Discriminator(
         _input_shape,
         custom_error_type="input_shape",
-        custom_error_message="input must be a string, a list of strings, a list of token ids or a list of token id lists",
+        custom_error_message=(
+            "input must be a string, a list of strings, a list of token ids or a list of token id lists"
+        ),
     ),
 ]
 

@@ -112,7 +112,8 @@ class Service:
         if not self.permits.try_acquire(n_items):
             raise ApiError(
                 "overloaded",
-                f"too many concurrent inputs (limit {self.permits.total}, {self.permits.in_use} in flight); retry later",
+                f"too many concurrent inputs (limit {self.permits.total}, {self.permits.in_use} in flight); "
+                "retry later",
             )
         try:
             yield
@@ -122,7 +123,8 @@ class Service:
     async def serve(self, request: Request, *, method: str, start: float, n_items: int, make_items) -> Served:
         """Admit ``n_items``, build token ids with ``await make_items()``, run them, time them."""
         if not self.scheduler.alive:
-            raise ApiError("unhealthy", f"the model worker is not running; retry later (request id {request_id(request)})")
+            rid = request_id(request)
+            raise ApiError("unhealthy", f"the model worker is not running; retry later (request id {rid})")
         with self.admitted(n_items):
             items = await make_items()
             result = await self._submit(request, items)
