@@ -1,20 +1,26 @@
-"""Admission control: the API key, the body-size limit and the per-item permits.
+"""Admission control: the front door (``Guard``) and the per-item permits (``Permits``).
 
-``Guard`` is a raw ASGI middleware that answers 401 (missing or wrong key on an inference
-route) and 413 (a body over the limit, judged from Content-Length and again while reading, so a
-chunked body cannot slip past) before any route code runs. ``Permits`` hands out one permit per
-input item and never waits: when too few are left the request is refused at once (429), so
-nothing queues behind an overloaded server.
+``Guard`` is a raw ASGI middleware that runs before any route code. In order, for each HTTP
+request it: assigns the request id (``x-request-id`` on every response); requires the API key on
+every request that can do work (any method but GET/HEAD/OPTIONS, so routes added later are
+covered by default; the GET routes only describe the server: /info, /health, /ping, /metrics,
+/docs, /openapi.json, /v1/models); refuses a non-JSON Content-Type (415); and reads the body,
+refusing one over the payload limit (413, judged from Content-Length and again while reading, so
+a chunked body cannot slip past) or one that does not arrive within ``body_timeout_s`` of the
+headers (408). ``Permits`` hands out one permit per input item and never waits: when too few are
+left the request is refused at once (429), so nothing queues behind an overloaded server.
 """
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import hmac
 
-from server.errors import error_bytes
+from server import request_id
+from server.errors import send_error
 
-# Inference routes; /info, /health, /metrics and the docs stay open.
-PROTECTED = frozenset({"/embed", "/v1/embeddings", "/embeddings", "/rerank", "/v1/rerank", "/tokenize"})
+OPEN_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # OPTIONS: CORS preflights carry no credentials
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
 class Permits:
@@ -35,58 +41,96 @@ class Permits:
         assert self.in_use >= 0, "released more permits than acquired"
 
 
-class Guard:
-    """ASGI middleware: API key (401) and payload limit (413), in each route's dialect."""
+def bearer_matches(header: bytes | None, key_digest: bytes) -> bool:
+    """``Authorization: Bearer TOKEN`` with TOKEN equal (as UTF-8 bytes) to the key.
 
-    def __init__(self, app, *, payload_limit: int, api_key: str | None, on_error=None,
-                 body_timeout_s: float | None = None) -> None:
+    Both sides are hashed first so the comparison takes the same time whatever the token's
+    length or content; the header is never decoded (a latin-1 decode would make non-ASCII keys
+    unmatchable).
+    """
+    if not header:
+        return False
+    scheme, _, token = header.strip().partition(b" ")
+    token = token.strip(b" \t")
+    if scheme.lower() != b"bearer" or not token:
+        return False
+    return hmac.compare_digest(hashlib.sha256(token).digest(), key_digest)
+
+
+def json_content_type(value: bytes | None) -> str | None:
+    """None when the Content-Type is acceptable, else the reason it is not.
+
+    Accepted: application/json and application/*+json, charset UTF-8 or none; no header at all
+    is read as JSON (a client that names no type still gets its body validated as JSON).
+    """
+    if value is None:
+        return None
+    media, *params = value.decode("latin-1").split(";")
+    media = media.strip().lower()
+    if media != "application/json" and not (media.startswith("application/") and media.endswith("+json")):
+        hint = " (curl -d sends it: add -H 'Content-Type: application/json')" if "form" in media else ""
+        return f"unsupported Content-Type {media or '(empty)'!r}{hint}; send application/json"
+    for param in params:
+        name, _, val = param.partition("=")
+        if name.strip().lower() == "charset" and val.strip().strip('"').lower() not in ("utf-8", "utf8"):
+            return f"unsupported charset {val.strip()!r}; send UTF-8 JSON"
+    return None
+
+
+class Guard:
+    """ASGI middleware: request id, API key (401), Content-Type (415), payload limit (413) and
+    body read timeout (408), each error in its route's dialect."""
+
+    def __init__(
+        self, app, *, payload_limit: int, api_key: str | None, body_timeout_s: float = 30.0, on_error=None
+    ) -> None:
         self.app = app
         self.body_timeout_s = body_timeout_s
         self.payload_limit = payload_limit
-        self.api_key = api_key
+        self.key_digest = hashlib.sha256(api_key.encode("utf-8")).digest() if api_key is not None else None
+        self.body_timeout_s = body_timeout_s
         self.on_error = on_error
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        rid = request_id.assign(scope).encode("ascii")
+
+        async def send_with_id(message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"x-request-id"]
+                message = {**message, "headers": [*headers, (b"x-request-id", rid)]}
+            await send(message)
+
+        await self._guarded(scope, receive, send_with_id)
+
+    async def _guarded(self, scope, receive, send) -> None:
         path = scope.get("path", "")
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if self.api_key is not None and path in PROTECTED and not self._authorized(headers):
-            await self._reject(send, "unauthorized", "missing or wrong API key (Authorization: Bearer KEY)", path)
+        method = scope.get("method", "GET")
+        headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        if self.key_digest is not None and method not in OPEN_METHODS:
+            if not bearer_matches(headers.get(b"authorization"), self.key_digest):
+                await self._reject(send, "unauthorized", "missing or wrong API key (Authorization: Bearer KEY)", path)
+                return
+        if method not in BODY_METHODS:
+            await self.app(scope, receive, send)
             return
-        length = headers.get("content-length")
+        problem = json_content_type(headers.get(b"content-type"))
+        if problem is not None:
+            await self._reject(send, "media_type", problem, path, close=True)
+            return
+        length = headers.get(b"content-length")
         if length is not None:
-            try:
-                too_big = int(length) > self.payload_limit
-            except ValueError:
-                await self._reject(send, "validation", "invalid Content-Length header", path)
+            if not length.strip().isdigit():
+                await self._reject(send, "validation", "invalid Content-Length header", path, close=True)
                 return
-            if too_big:
-                await self._reject(send, "too_large", self._too_large_message(), path)
+            if int(length) > self.payload_limit:
+                await self._reject(send, "too_large", self._too_large_message(), path, close=True)
                 return
-        # Read the whole body (bounded by the limit), then replay it to the app.
-        chunks: list[bytes] = []
-        size = 0
-        more = scope.get("method") in ("POST", "PUT", "PATCH")
-        loop = asyncio.get_running_loop()
-        deadline = None if self.body_timeout_s is None else loop.time() + self.body_timeout_s
-        while more:
-            try:
-                message = await asyncio.wait_for(receive(), None if deadline is None else deadline - loop.time())
-            except asyncio.TimeoutError:
-                await self._reject(send, "timeout", f"request body not received within {self.body_timeout_s:g} s", path)
-                return
-            if message["type"] == "http.disconnect":
-                return
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.payload_limit:
-                await self._reject(send, "too_large", self._too_large_message(), path)
-                return
-            chunks.append(chunk)
-            more = message.get("more_body", False)
-        body = b"".join(chunks)
+        body = await self._read_body(receive, send, path)
+        if body is None:
+            return
         replayed = False
 
         async def replay():
@@ -98,24 +142,37 @@ class Guard:
 
         await self.app(scope, replay, send)
 
-    def _authorized(self, headers: dict[str, str]) -> bool:
-        auth = headers.get("authorization", "")
-        scheme, _, token = auth.partition(" ")
-        if scheme.lower() != "bearer":
-            return False
-        return hmac.compare_digest(token.strip().encode(), self.api_key.encode())
+    async def _read_body(self, receive, send, path: str) -> bytes | None:
+        """The whole body (bounded by the limit and the deadline), or None once answered."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.body_timeout_s
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            try:
+                # NOTE: one deadline for the whole body, not per chunk: a client that trickles a
+                # byte every few seconds must not hold the connection forever.
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - loop.time()))
+            except asyncio.TimeoutError:
+                message = f"the request body did not arrive within {self.body_timeout_s:g} s"
+                await self._reject(send, "timeout", message, path, close=True)
+                return None
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.payload_limit:
+                await self._reject(send, "too_large", self._too_large_message(), path, close=True)
+                return None
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        return b"".join(chunks)
 
     def _too_large_message(self) -> str:
         return f"request body larger than the payload limit of {self.payload_limit} bytes"
 
-    async def _reject(self, send, kind: str, message: str, path: str) -> None:
+    async def _reject(self, send, kind: str, message: str, path: str, *, close: bool = False) -> None:
         if self.on_error is not None:
             self.on_error(kind)
-        status, body = error_bytes(kind, message, path=path)
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-        if kind == "unauthorized":
-            headers.append((b"www-authenticate", b"Bearer"))
-        if kind == "timeout":
-            headers.append((b"connection", b"close"))  # the rest of the body is not read
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send_error(send, kind, message, path=path, close=close)

@@ -104,6 +104,7 @@ def create_app(config: ServerConfig, runner=None, scheduler=None) -> FastAPI:
             max_input_length=max_len,
             max_client_batch_size=config.max_client_batch_size,
             auto_truncate=config.auto_truncate,
+            max_display_tokens=config.max_batch_tokens,
         ),
         permits=Permits(config.max_concurrent_requests),
         default_prompt_name=config.default_prompt_name,

@@ -2,8 +2,10 @@
 
 TEI routes answer ``{"error": "...", "error_type": "..."}``; /v1 routes answer OpenAI's
 ``{"error": {"message", "type", "code"}}`` so the OpenAI SDK raises its usual exceptions. The
-invariant: every failure a client can cause leaves the server as one of these bodies with a 4xx
-status; only a model failure (500) or a dead worker (503) is 5xx.
+invariants: every failure a client can cause leaves the server as one of these bodies with a 4xx
+status; only a model failure (500) or a dead worker (503) is 5xx, and a 5xx body never carries
+exception text (it names the request id; the log line has the details). 429 and 503 always carry
+``Retry-After``.
 """
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from server.request_id import request_id
+
 log = logging.getLogger("radixserve.server")
 
 # kind -> (status, TEI error_type, OpenAI type, OpenAI code)
@@ -27,12 +31,21 @@ KINDS: dict[str, tuple[int, str, str, str]] = {
     "method": (405, "Validation", "invalid_request_error", "method_not_allowed"),
     "timeout": (408, "Timeout", "invalid_request_error", "request_timeout"),
     "too_large": (413, "PayloadTooLarge", "invalid_request_error", "payload_too_large"),
+    "media_type": (415, "UnsupportedMediaType", "invalid_request_error", "unsupported_media_type"),
     "validation": (422, "Validation", "invalid_request_error", "invalid_value"),
     "tokenizer": (422, "Tokenizer", "invalid_request_error", "tokenizer_error"),
     "overloaded": (429, "Overloaded", "rate_limit_error", "rate_limit_exceeded"),
     "backend": (500, "Backend", "server_error", "internal_error"),
     "unhealthy": (503, "Unhealthy", "server_error", "service_unavailable"),
 }
+
+# Starlette/FastAPI HTTPException status -> our kind
+HTTP_KINDS = {400: "validation", 401: "unauthorized", 404: "not_found", 405: "method", 408: "timeout",
+              413: "too_large", 415: "media_type", 429: "overloaded", 503: "unhealthy"}
+
+# Seconds a client should wait before retrying: permits free up within a batch or two; a server
+# that is down or draining needs longer (or another replica).
+RETRY_AFTER: dict[int, str] = {429: "1", 503: "5"}
 
 
 @dataclass
@@ -62,25 +75,61 @@ def error_body(kind: str, message: str, *, path: str) -> dict:
     return {"error": message, "error_type": tei_type}
 
 
+def error_headers(kind: str) -> dict[str, str]:
+    """Headers every error of ``kind`` carries: Retry-After on 429/503, the auth scheme on 401."""
+    status = KINDS[kind][0]
+    headers = {}
+    if status in RETRY_AFTER:
+        headers["retry-after"] = RETRY_AFTER[status]
+    if status == 401:
+        headers["www-authenticate"] = "Bearer"
+    return headers
+
+
 def error_response(kind: str, message: str, *, path: str) -> JSONResponse:
-    return JSONResponse(error_body(kind, message, path=path), status_code=KINDS[kind][0])
+    return JSONResponse(error_body(kind, message, path=path), status_code=KINDS[kind][0], headers=error_headers(kind))
 
 
 def error_bytes(kind: str, message: str, *, path: str) -> tuple[int, bytes]:
-    """Status and JSON body bytes, for the raw ASGI middleware."""
+    """Status and JSON body bytes; raw ASGI senders should use ``send_error`` (it adds the headers)."""
     return KINDS[kind][0], json.dumps(error_body(kind, message, path=path)).encode()
 
 
-def describe_validation(exc: RequestValidationError) -> str:
+async def send_error(send, kind: str, message: str, *, path: str, close: bool = False) -> None:
+    """Send a whole error response on a raw ASGI ``send`` (middleware that runs before routing).
+
+    ``close``: ask the client to drop the connection (after a body that was not read to its end).
+    """
+    status, body = error_bytes(kind, message, path=path)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    headers += [(k.encode(), v.encode()) for k, v in error_headers(kind).items()]
+    if close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+def internal_message(rid: str) -> str:
+    """The whole 500 body text: no exception text reaches a client."""
+    return f"internal error; request id {rid}"
+
+
+def describe_errors(errors: list[dict], *, prefix: str = "") -> str:
     """A one-line summary of pydantic's errors: ``body.dimensions: Input should be ...``."""
     parts = []
-    for err in exc.errors()[:5]:
-        loc = ".".join(str(p) for p in err.get("loc", ()))
+    for err in errors[:5]:
+        loc = ".".join(str(p) for p in (prefix, *err.get("loc", ())) if p != "")
         msg = err.get("msg", "invalid")
         if err.get("type") == "json_invalid":
             msg = f"malformed JSON: {err.get('ctx', {}).get('error', msg)}"
         parts.append(f"{loc}: {msg}" if loc else msg)
+    if len(errors) > 5:
+        parts.append(f"... {len(errors) - 5} more")
     return "; ".join(parts) or "invalid request"
+
+
+def describe_validation(exc: RequestValidationError) -> str:
+    return describe_errors(list(exc.errors()))
 
 
 def install_handlers(app: FastAPI, *, on_error=None) -> None:
@@ -102,19 +151,26 @@ def install_handlers(app: FastAPI, *, on_error=None) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = {400: "validation", 401: "unauthorized", 404: "not_found", 405: "method", 413: "too_large"}.get(
-            exc.status_code, "validation"
-        )
-        if exc.status_code >= 500:
+        kind = HTTP_KINDS.get(exc.status_code, "validation")
+        if exc.status_code >= 500 and kind != "unhealthy":
             kind = "backend"
         message = str(exc.detail)
-        if exc.status_code == 400:  # FastAPI could not decode the body (e.g. not UTF-8)
+        if kind == "backend":
+            rid = request_id(request)
+            log.error("HTTP %d on %s (request id %s): %s", exc.status_code, request.url.path, rid, message)
+            message = internal_message(request_id(request))
+        elif exc.status_code == 400:  # FastAPI could not decode the body (e.g. not UTF-8)
             message = f"could not parse the request body as UTF-8 JSON ({message})"
         note(kind)
         return error_response(kind, message, path=request.url.path)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s", request.url.path)
+        # NOTE: Starlette runs this handler outside every middleware, so Guard cannot add the
+        # x-request-id header here; the response sets it itself.
+        rid = request_id(request)
+        log.exception("unhandled error on %s (request id %s)", request.url.path, rid)
         note("backend")
-        return error_response("backend", f"internal error: {type(exc).__name__}", path=request.url.path)
+        response = error_response("backend", internal_message(rid), path=request.url.path)
+        response.headers["x-request-id"] = rid
+        return response

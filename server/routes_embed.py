@@ -13,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from models import pooling, prompts
+from server.bodies import openapi_body, parse_body
 from server.errors import ApiError
 from server.schemas import EmbedRequest, OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
 from server.service import Service
@@ -40,11 +41,14 @@ def resolve_prompt(service: Service, prompt_name: str | None) -> str:
 def build_router(service: Service, *, model_name: str) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/embed", response_model=list[list[float]], tags=["TEI"])
-    async def embed(body: EmbedRequest, request: Request) -> JSONResponse:
+    max_items = service.limits.max_client_batch_size
+
+    @router.post("/embed", response_model=list[list[float]], tags=["TEI"], openapi_extra=openapi_body(EmbedRequest))
+    async def embed(request: Request) -> JSONResponse:
         """TEI embeddings: inputs str or [str] -> [[float]]."""
         start = service.count("embed")
         service.require("embedding", "/embed")
+        body = await parse_body(request, EmbedRequest, max_items=max_items)
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         service.check_inputs(len(texts), empty=any(t == "" for t in texts))
         service.check_dimensions(body.dimensions)
@@ -60,10 +64,11 @@ def build_router(service: Service, *, model_name: str) -> APIRouter:
         vectors = finish(served.outputs, dimensions=body.dimensions, normalize=body.normalize)
         return JSONResponse([v.tolist() for v in vectors], headers=served.headers)
 
-    async def openai_embeddings(body: OpenAIEmbeddingRequest, request: Request) -> JSONResponse:
+    async def openai_embeddings(request: Request) -> JSONResponse:
         """OpenAI embeddings: input str | [str] | [int] | [[int]] -> list object."""
         start = service.count("openai_embeddings")
         service.require("embedding", request.url.path)
+        body = await parse_body(request, OpenAIEmbeddingRequest, max_items=max_items)
         raw = body.input
         if isinstance(raw, str):
             raw = [raw]
@@ -100,8 +105,10 @@ def build_router(service: Service, *, model_name: str) -> APIRouter:
         }
         return JSONResponse(payload, headers=served.headers)
 
+    documented = openapi_body(OpenAIEmbeddingRequest)
     router.add_api_route(
-        "/v1/embeddings", openai_embeddings, methods=["POST"], response_model=OpenAIEmbeddingResponse, tags=["OpenAI"]
+        "/v1/embeddings", openai_embeddings, methods=["POST"], response_model=OpenAIEmbeddingResponse,
+        tags=["OpenAI"], openapi_extra=documented,
     )
     router.add_api_route(
         "/embeddings", openai_embeddings, methods=["POST"], response_model=OpenAIEmbeddingResponse,

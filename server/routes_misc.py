@@ -8,9 +8,9 @@ from __future__ import annotations
 from importlib import metadata
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from server.bodies import openapi_body, parse_body
 from server.errors import ApiError
 from server.routes_embed import resolve_prompt
 from server.schemas import Info, SimpleToken, TokenizeRequest
@@ -34,16 +34,21 @@ def model_type(runner) -> dict:
 def build_router(service: Service, *, info: dict) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/tokenize", response_model=list[list[SimpleToken]], tags=["TEI"])
-    async def tokenize(body: TokenizeRequest, request: Request) -> JSONResponse:
-        """Tokens with char offsets into the (prompt + input) string."""
+    @router.post(
+        "/tokenize", response_model=list[list[SimpleToken]], tags=["TEI"], openapi_extra=openapi_body(TokenizeRequest)
+    )
+    async def tokenize(request: Request) -> Response:
+        """Tokens with char offsets into the (prompt + input) string; at most max_batch_tokens
+        tokens per request (422 above)."""
         service.count("tokenize")
+        body = await parse_body(request, TokenizeRequest, max_items=service.limits.max_client_batch_size)
         texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
         service.check_inputs(len(texts), empty=any(t == "" for t in texts))
         prompt = resolve_prompt(service, body.prompt_name) if service.runner.kind == "embedding" else ""
-        out = await service.tok.display(texts, prompt=prompt, add_special_tokens=body.add_special_tokens)
+        with service.admitted(len(texts)):
+            out = await service.tok.display(texts, prompt=prompt, add_special_tokens=body.add_special_tokens)
         service.metrics.request_success.labels(method="tokenize").inc()
-        return JSONResponse(out)
+        return Response(out, media_type="application/json")
 
     @router.get("/info", response_model=Info, tags=["Info"])
     async def get_info() -> dict:

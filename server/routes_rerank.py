@@ -2,7 +2,8 @@
 
 The runner returns raw scores logit("yes") - logit("no"); the relevance is their sigmoid. Both
 routes answer sorted by score, descending (ties keep input order); /v1/rerank applies top_n
-after sorting.
+after sorting. An empty document is scored like any other (its templated input is not empty);
+an empty query or an empty list is 400.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from models import prompts
+from server.bodies import openapi_body, parse_body
 from server.schemas import CohereRerankRequest, CohereRerankResponse, Rank, RerankRequest
 from server.service import Service
 
@@ -31,6 +33,7 @@ def ranked(scores: list[float]) -> list[int]:
 
 def build_router(service: Service, *, model_name: str) -> APIRouter:
     router = APIRouter()
+    max_items = service.limits.max_client_batch_size
 
     async def run(request: Request, *, method: str, start: float, query: str, texts: list[str], truncate: bool,
                   direction: str, instruction: str):
@@ -41,12 +44,13 @@ def build_router(service: Service, *, model_name: str) -> APIRouter:
 
         return await service.serve(request, method=method, start=start, n_items=len(texts), make_items=make_items)
 
-    @router.post("/rerank", response_model=list[Rank], tags=["TEI"])
-    async def rerank(body: RerankRequest, request: Request) -> JSONResponse:
+    @router.post("/rerank", response_model=list[Rank], tags=["TEI"], openapi_extra=openapi_body(RerankRequest))
+    async def rerank(request: Request) -> JSONResponse:
         """TEI rerank: query + texts -> [{index, score, text?}] by score, descending."""
         start = service.count("rerank")
         service.require("reranker", "/rerank")
-        service.check_inputs(len(body.texts), empty=body.query == "" or any(t == "" for t in body.texts), what="texts")
+        body = await parse_body(request, RerankRequest, max_items=max_items)
+        service.check_inputs(len(body.texts), empty=body.query == "", what="texts")
         served = await run(
             request, method="rerank", start=start, query=body.query, texts=body.texts,
             truncate=service.truncate(body.truncate), direction=body.truncation_direction,
@@ -62,13 +66,17 @@ def build_router(service: Service, *, model_name: str) -> APIRouter:
             out.append(item)
         return JSONResponse(out, headers=served.headers)
 
-    @router.post("/v1/rerank", response_model=CohereRerankResponse, tags=["Cohere/Jina"])
-    async def rerank_v1(body: CohereRerankRequest, request: Request) -> JSONResponse:
+    @router.post(
+        "/v1/rerank", response_model=CohereRerankResponse, tags=["Cohere/Jina"],
+        openapi_extra=openapi_body(CohereRerankRequest),
+    )
+    async def rerank_v1(request: Request) -> JSONResponse:
         """Cohere/Jina rerank: query + documents ([str] or [{text}]) -> {model, results, usage}."""
         start = service.count("cohere_rerank")
         service.require("reranker", "/v1/rerank")
+        body = await parse_body(request, CohereRerankRequest, max_items=max_items)
         texts = [d if isinstance(d, str) else d.text for d in body.documents]
-        service.check_inputs(len(texts), empty=body.query == "" or any(t == "" for t in texts), what="documents")
+        service.check_inputs(len(texts), empty=body.query == "", what="documents")
         served = await run(
             request, method="cohere_rerank", start=start, query=body.query, texts=texts,
             truncate=service.truncate(None), direction="right", instruction=prompts.DEFAULT_INSTRUCTION,

@@ -7,13 +7,26 @@ length) happen in the routes, which answer 422 in the same body format.
 """
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import (
+    AfterValidator, BaseModel, ConfigDict, Discriminator, Field, PlainValidator, StrictBool, StrictInt, StrictStr,
+    Tag, WithJsonSchema,
+)
 
 
 class _Body(BaseModel):
+    """A request body. ``inputs_field`` names the list that ``count_inputs`` counts before any
+    per-item validation (server/bodies.py refuses more than the server's maximum there)."""
+
     model_config = ConfigDict(extra="ignore")
+    inputs_field: ClassVar[str] = "inputs"
+    inputs_name: ClassVar[str] = "inputs"  # what the error message calls them
+
+    @classmethod
+    def count_inputs(cls, data: dict) -> int:
+        value = data.get(cls.inputs_field)
+        return len(value) if isinstance(value, list) else 1
 
 
 def _direction(value: str) -> str:
@@ -24,6 +37,57 @@ def _direction(value: str) -> str:
 
 
 Direction = Annotated[StrictStr, AfterValidator(_direction)]  # "Right"/"left"/... -> "right"|"left"
+
+
+def _token_ids(value: Any) -> list[int]:
+    # NOTE: one check over the whole list in C (set of element types), and at most one error: a
+    # per-element pydantic validator built one error object per bad id (hundreds of MB).
+    if type(value) is not list:
+        raise ValueError("expected a list of integer token ids")
+    if not set(map(type, value)) <= {int}:
+        bad = next(i for i, v in enumerate(value) if type(v) is not int)
+        raise ValueError(f"token ids must be JSON integers; item {bad} is {type(value[bad]).__name__}")
+    return value
+
+
+TokenIds = Annotated[
+    list[int], PlainValidator(_token_ids), WithJsonSchema({"type": "array", "items": {"type": "integer"}})
+]
+
+
+def _input_shape(value: Any) -> str | None:
+    """Which form an OpenAI ``input`` takes, judged from its first item (None: none of them)."""
+    if isinstance(value, str):
+        return "text"
+    if not isinstance(value, list):
+        return None
+    first = value[0] if value else ""
+    if isinstance(first, str):
+        return "texts"
+    if type(first) is int:
+        return "ids"
+    if isinstance(first, list):
+        return "batch"
+    return None
+
+
+# One branch validated per body: a plain Union tried every form and collected one error per item
+# of each failed form.
+OpenAIInput = Annotated[
+    Union[
+        Annotated[StrictStr, Tag("text")],
+        Annotated[list[StrictStr], Tag("texts")],
+        Annotated[TokenIds, Tag("ids")],
+        Annotated[list[TokenIds], Tag("batch")],
+    ],
+    Discriminator(
+        _input_shape,
+        custom_error_type="input_shape",
+        custom_error_message=(
+            "input must be a string, a list of strings, a list of token ids or a list of token id lists"
+        ),
+    ),
+]
 
 
 # -- TEI ---------------------------------------------------------------------------------------
@@ -37,6 +101,9 @@ class EmbedRequest(_Body):
 
 
 class RerankRequest(_Body):
+    inputs_field: ClassVar[str] = "texts"
+    inputs_name: ClassVar[str] = "texts"
+
     query: StrictStr
     texts: list[StrictStr]
     truncate: StrictBool | None = None
@@ -83,7 +150,14 @@ class Info(BaseModel):
 
 # -- OpenAI ------------------------------------------------------------------------------------
 class OpenAIEmbeddingRequest(_Body):
-    input: Union[StrictStr, list[StrictStr], list[StrictInt], list[list[StrictInt]]]
+    inputs_field: ClassVar[str] = "input"
+
+    input: OpenAIInput
+
+    @classmethod
+    def count_inputs(cls, data: dict) -> int:
+        value = data.get("input")
+        return 1 if _input_shape(value) in ("text", "ids") else len(value) if isinstance(value, list) else 1
     model: StrictStr | None = None
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: StrictInt | None = Field(None, ge=1)
@@ -114,6 +188,9 @@ class Document(_Body):
 
 
 class CohereRerankRequest(_Body):
+    inputs_field: ClassVar[str] = "documents"
+    inputs_name: ClassVar[str] = "documents"
+
     query: StrictStr
     documents: list[Union[StrictStr, Document]]
     top_n: StrictInt | None = Field(None, ge=1)

@@ -2,12 +2,15 @@
 
 Order of checks (cheapest first, none of them queues anything): model kind (400), empty input
 (400), too many inputs (422), worker alive (503), permits (429, at once); then tokenization (422
-on bad input) and the scheduler. The invariant: permits taken for a request are given back on
-every path out, including a client that disconnects while its items wait in the queue.
+on bad input) and the scheduler. The invariants: permits taken for a request are given back on
+every path out, including a client that disconnects while its items wait in the queue; a failure
+inside the scheduler or model reaches the client as a generic body naming the request id, and
+the log line with the same id has the details.
 """
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -17,7 +20,8 @@ from fastapi import Request
 
 from scheduler import BatchFailed, WorkerDead
 from server.admission import Permits
-from server.errors import ApiError
+from server.errors import ApiError, internal_message
+from server.request_id import request_id
 from server.tokenize import Tokenization
 
 log = logging.getLogger("radixserve.server")
@@ -32,6 +36,7 @@ class Limits:
     max_input_length: int
     max_client_batch_size: int
     auto_truncate: bool
+    max_display_tokens: int = 16384  # tokens one /tokenize answer may hold (the server sets max_batch_tokens)
 
 
 @dataclass
@@ -67,7 +72,9 @@ class Service:
         self.limits = limits
         self.permits = permits
         self.tok = Tokenization(
-            runner, max_input_length=limits.max_input_length, metrics=metrics, workers=tokenization_workers)
+            runner, max_input_length=limits.max_input_length, metrics=metrics, workers=tokenization_workers,
+            max_display_tokens=limits.max_display_tokens,
+        )
 
     # -- checks ---------------------------------------------------------------------------------
     def count(self, method: str) -> float:
@@ -100,20 +107,28 @@ class Service:
         return self.limits.auto_truncate if requested is None else requested
 
     # -- the path -------------------------------------------------------------------------------
-    async def serve(self, request: Request, *, method: str, start: float, n_items: int, make_items) -> Served:
-        """Admit ``n_items``, build token ids with ``await make_items()``, run them, time them."""
-        if not self.scheduler.alive:
-            raise ApiError("unhealthy", "the model worker is not running")
+    @contextlib.contextmanager
+    def admitted(self, n_items: int):
+        """Hold ``n_items`` permits for the block; 429 at once when too few are left."""
         if not self.permits.try_acquire(n_items):
             raise ApiError(
                 "overloaded",
-                f"too many concurrent inputs (limit {self.permits.total}, {self.permits.in_use} in flight); retry later",
+                f"too many concurrent inputs (limit {self.permits.total}, {self.permits.in_use} in flight); "
+                "retry later",
             )
         try:
-            items = await make_items()
-            result = await self._submit(request, items)
+            yield
         finally:
             self.permits.release(n_items)
+
+    async def serve(self, request: Request, *, method: str, start: float, n_items: int, make_items) -> Served:
+        """Admit ``n_items``, build token ids with ``await make_items()``, run them, time them."""
+        if not self.scheduler.alive:
+            rid = request_id(request)
+            raise ApiError("unhealthy", f"the model worker is not running; retry later (request id {rid})")
+        with self.admitted(n_items):
+            items = await make_items()
+            result = await self._submit(request, items)
         total = time.perf_counter() - start
         m = self.metrics
         m.request_duration.observe(total)
@@ -130,7 +145,8 @@ class Service:
 
     async def _submit(self, request: Request, items: Sequence[Sequence[int]]):
         """Await the scheduler; cancel the entries when the client goes away first."""
-        work = asyncio.ensure_future(self.scheduler.submit([list(i) for i in items]))
+        rid = request_id(request)
+        work = asyncio.ensure_future(self.scheduler.submit([list(i) for i in items], request_id=rid))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
@@ -138,9 +154,11 @@ class Service:
                 raise ClientGone()
             return work.result()
         except BatchFailed as exc:
-            raise ApiError("backend", str(exc)) from exc
+            log.error("request id %s: %d items failed in the model: %s", rid, len(items), exc)
+            raise ApiError("backend", internal_message(rid)) from exc
         except WorkerDead as exc:
-            raise ApiError("unhealthy", str(exc) or "the model worker is not running") from exc
+            log.error("request id %s: the model worker is not available: %s", rid, exc)
+            raise ApiError("unhealthy", f"the model worker is not available; retry later (request id {rid})") from exc
         finally:
             gone.cancel()
             if not work.done():

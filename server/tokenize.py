@@ -2,11 +2,14 @@
 
 Every encode of a request runs as one ``encode_batch`` call in the executor, so the event loop
 never blocks on the tokenizer (HF tokenizers releases the GIL inside its Rust batch encode).
-Prompt and truncation failures surface as ApiError (422) in the route's dialect.
+Prompt and truncation failures surface as ApiError (422) in the route's dialect. /tokenize's
+answer is bounded: at most ``max_display_tokens`` tokens per request, counted before any token
+object is built, and rendered to JSON bytes in the executor too.
 """
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence, TypeVar
@@ -20,9 +23,12 @@ T = TypeVar("T")
 class Tokenization:
     """The tokenizer-facing half of a request, bound to one runner's tokenizer and limits."""
 
-    def __init__(self, runner, *, max_input_length: int, metrics, workers: int = 2) -> None:
+    def __init__(
+        self, runner, *, max_input_length: int, metrics, max_display_tokens: int = 16384, workers: int = 2
+    ) -> None:
         self.tokenizer = runner.tokenizer
         self.max_input_length = max_input_length
+        self.max_display_tokens = max_display_tokens
         self.metrics = metrics
         # NOTE: the embedding table's rows bound valid ids (an id past it would crash the batch).
         self.vocab_size = int(runner.config.vocab_size)
@@ -82,12 +88,21 @@ class Tokenization:
             out.append(list(ids))
         return out
 
-    async def display(self, texts: Sequence[str], *, prompt: str, add_special_tokens: bool) -> list[list[dict]]:
-        """/tokenize: tokens with their text and char offsets into (prompt + input)."""
+    async def display(self, texts: Sequence[str], *, prompt: str, add_special_tokens: bool) -> bytes:
+        """/tokenize: JSON bytes of the tokens with their text and char offsets into (prompt + input).
 
-        def run() -> list[list[dict]]:
+        422 when the request's inputs hold more than ``max_display_tokens`` tokens together.
+        """
+
+        def run() -> bytes:
             full = [prompt + t for t in texts]
             encs = self.tokenizer.encode_batch(full, add_special_tokens=add_special_tokens)
+            total = sum(len(e.ids) for e in encs)
+            if total > self.max_display_tokens:
+                raise TooManyTokens(
+                    f"the inputs hold {total} tokens together, more than /tokenize returns per request "
+                    f"({self.max_display_tokens}); send fewer or shorter inputs"
+                )
             out = []
             for text, enc in zip(full, encs):
                 tokens = []
@@ -96,6 +111,10 @@ class Tokenization:
                     piece = tok if special else text[start:stop]
                     tokens.append({"id": tid, "text": piece, "special": special, "start": start, "stop": stop})
                 out.append(tokens)
-            return out
+            return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
         return await self._off_loop(run)
+
+
+class TooManyTokens(ValueError):
+    """A /tokenize request whose answer would exceed the per-request token cap."""

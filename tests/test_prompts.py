@@ -102,7 +102,10 @@ def test_rerank_truncation_cuts_only_the_body(rr_tok):
     (left,) = template.encode("q", [doc], instruction="inst", max_length=max_length, truncate=True, direction="left")
     assert right == template.prefix_ids + body[:10] + template.suffix_ids
     assert left == template.prefix_ids + body[-10:] + template.suffix_ids
-    with pytest.raises(prompts.InputTooLong):
+    with pytest.raises(prompts.InputTooLong) as info:
+        template.encode("q", ["short", doc], instruction="inst", max_length=template.overhead + 40, truncate=False)
+    assert info.value.index == 1 and info.value.length == len(body) + template.overhead
+    with pytest.raises(prompts.QueryTooLong):  # the shared part alone is over: refused before any document
         template.encode("q", [doc], instruction="inst", max_length=max_length, truncate=False)
     with pytest.raises(ValueError):
         template.encode("q", [doc], instruction="inst", max_length=template.overhead, truncate=True)
@@ -119,3 +122,97 @@ def test_resolve_prompt_precedence():
         prompts.resolve_prompt(table, prompt_name="nope")
     with pytest.raises(prompts.UnknownPrompt):
         prompts.resolve_prompt({}, prompt_name=None, default_prompt_name="query")
+
+
+# -- the rerank body from its pieces equals one encode of the whole body --------------------------
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+# Starts that could interact with the boundary ": " + document: spaces, digits, punctuation,
+# newlines, combining marks (NFC), contractions, specials, emoji, CJK, other scripts.
+_STARTS = [
+    "", " ", "  ", "\t", "\n", "\r\n", "\n\n", "0", "12", "!", "?!", ":", "'s", "'S", "-", ".", "\u0301",
+    "\u0308a", "e\u0301", "\u200b", "\u00a0", "<|im_end|>", "<|endoftext|>", "<think>", "🙂", "你好",
+    "ß", "İ", "ﬁ", "Ⅻ", "\x00", "\\", '"', "\ufeff",
+]
+_ALPHABET = st.sampled_from(list("aZ 0!\n\t'.-:é\u0301🙂你") + ["<|im_end|>", "  ", "\r\n"])
+_TEXT = st.lists(_ALPHABET, max_size=12).map("".join)
+_DOC = st.builds(lambda start, rest: start + rest, st.sampled_from(_STARTS), _TEXT) | st.text(max_size=12)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(query=_DOC, instruction=st.one_of(st.just(prompts.DEFAULT_INSTRUCTION), _TEXT),
+       docs=st.lists(_DOC, min_size=1, max_size=4))
+def test_rerank_pieces_equal_whole_body(rr_tok, query, instruction, docs):
+    template = prompts.RerankTemplate(rr_tok)
+    shared = prompts.format_rerank_body(instruction, query, "")[:-1]
+    # Qwen's tokenizer always splits there, so no document takes the costly whole-body path.
+    assert all(template._splits_cleanly(shared, [" " + d for d in docs]))
+    ours = template.encode(query, docs, instruction=instruction, max_length=10**6, truncate=False)
+    for doc, ids in zip(docs, ours):
+        body = rr_tok.encode(prompts.format_rerank_body(instruction, query, doc), add_special_tokens=False).ids
+        assert ids == template.prefix_ids + body + template.suffix_ids, (query, doc)
+
+
+@settings(max_examples=60, deadline=None)
+@given(query=_DOC, docs=st.lists(_DOC, min_size=1, max_size=3), keep=st.integers(1, 40),
+       direction=st.sampled_from(["right", "left"]))
+def test_rerank_pieces_truncate_like_whole_body(rr_tok, query, docs, keep, direction):
+    template = prompts.RerankTemplate(rr_tok)
+    ours = template.encode(query, docs, max_length=template.overhead + keep, truncate=True, direction=direction)
+    for doc, ids in zip(docs, ours):
+        body = rr_tok.encode(prompts.format_rerank_body(prompts.DEFAULT_INSTRUCTION, query, doc),
+                             add_special_tokens=False).ids
+        cut = body[:keep] if direction == "right" else body[max(0, len(body) - keep):]
+        assert ids == template.prefix_ids + cut + template.suffix_ids
+
+
+class _Counting:
+    """A tokenizer proxy that counts the characters it is asked to encode."""
+
+    def __init__(self, inner: Tokenizer) -> None:
+        self.inner, self.chars = inner, 0
+
+    def encode(self, text, **kw):
+        self.chars += len(text)
+        return self.inner.encode(text, **kw)
+
+    def encode_batch(self, texts, **kw):
+        self.chars += sum(len(t) for t in texts)
+        return self.inner.encode_batch(texts, **kw)
+
+    def encode_batch_fast(self, texts, **kw):
+        self.chars += sum(len(t) for t in texts)
+        return self.inner.encode_batch_fast(texts, **kw)
+
+
+@pytest.mark.parametrize("truncate", [False, True])
+def test_rerank_tokenizes_each_piece_once(rr_tok, truncate):
+    """A long query with many documents is tokenized once, not once per document."""
+    counting = _Counting(rr_tok)
+    template = prompts.RerankTemplate(counting)
+    query = "lorem ipsum dolor " * 2000  # 36k chars
+    docs = [f"document {i} about something" for i in range(64)]
+    counting.chars = 0
+    try:
+        template.encode(query, docs, max_length=512, truncate=truncate)
+    except prompts.QueryTooLong:
+        assert not truncate
+    body = len(query) + sum(len(d) for d in docs)
+    # the shared part once, each document once, plus a fixed window check per document
+    assert counting.chars <= body + 200 + len(docs) * (3 * template.window + 2), counting.chars
+
+
+def test_rerank_falls_back_per_document_where_the_boundary_merges(rr_tok):
+    """A tokenizer whose boundary would merge (simulated) gets that document's whole body encoded."""
+    template = prompts.RerankTemplate(rr_tok)
+    docs = ["alpha", "beta"]
+    template._splits_cleanly = lambda shared, pieces: [True, False]
+    counting = _Counting(rr_tok)
+    template.tokenizer = counting
+    ours = template.encode("q", docs, max_length=4096, truncate=False)
+    for doc, ids in zip(docs, ours):
+        body = rr_tok.encode(prompts.format_rerank_body(prompts.DEFAULT_INSTRUCTION, "q", doc), add_special_tokens=False).ids
+        assert ids == template.prefix_ids + body + template.suffix_ids
+    shared = len(prompts.format_rerank_body(prompts.DEFAULT_INSTRUCTION, "q", ""))
+    assert counting.chars >= 2 * shared  # the fallback document paid for the shared part again
