@@ -7,6 +7,8 @@ and the Amdahl prediction 1/((1-f) + f/r) with r = N/N' and f the position-wise 
 the `off` forward's measured time instead. `idx_ms` is the host time of building the trie for
 the batch: what the threshold gate spends (on the prep thread) even when it then runs `off`.
 `--prefix 0` shares nothing, the case where radix on must cost no more than off.
+`--count-ops` instead prints the operators one decoder layer dispatches per forward (torch
+profiler, CPU): on a GPU each is at least one kernel launch, the cost that dominates small batches.
 Figures only; nothing is asserted.
 
     python -m loadtest.bench forward --preset qwen3-0.6b --layers 2 --dtype float32 \
@@ -160,6 +162,66 @@ def bench(runner: Runner, *, batch: int, prefixes: list[int], suffix: int, warmu
     return rows
 
 
+def ops_per_layer(runner: Runner, fb) -> dict[str, int]:
+    """Top-level aten ops dispatched inside layer 0's forward: {op name: count} (CPU profiler).
+
+    Only ops called directly by the layer's Python code count (an aten op's own sub-ops are
+    its implementation, not extra launches); the attention backend's ops count as they come.
+    """
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    layer = runner.model.layers[0]
+    inner = layer.forward
+
+    def marked(*args, **kwargs):
+        with record_function("radixserve::layer0"):
+            return inner(*args, **kwargs)
+
+    layer.forward = marked
+    try:
+        with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
+            runner.forward(fb)
+    finally:
+        del layer.forward
+    events = list(prof.events())
+    mark = next(e for e in events if e.name == "radixserve::layer0")
+    lo, hi = mark.time_range.start, mark.time_range.end
+    inside = [e for e in events if e.name.startswith("aten::") and lo <= e.time_range.start
+              and e.time_range.end <= hi]
+    # top level: an aten op not nested in another aten op of the layer
+    top = [e for e in inside if not any(o is not e and o.time_range.start <= e.time_range.start
+                                        and e.time_range.end <= o.time_range.end
+                                        and (o.time_range.start, o.time_range.end)
+                                        != (e.time_range.start, e.time_range.end)
+                                        for o in inside)]
+    counts: dict[str, int] = {}
+    for e in top:
+        counts[e.name] = counts.get(e.name, 0) + 1
+    return counts
+
+
+# Ops that only make views or no-op casts: they launch no kernel on a GPU.
+VIEW_OPS = frozenset({"aten::view", "aten::slice", "aten::transpose", "aten::expand", "aten::chunk",
+                      "aten::split", "aten::narrow", "aten::select", "aten::unsqueeze",
+                      "aten::as_strided", "aten::to", "aten::reshape", "aten::t", "aten::alias",
+                      "aten::detach"})
+
+
+def count_ops(runner: Runner, *, batch: int, prefix: int, suffix: int, seed: int) -> dict:
+    """{mode: {"total": n, "ops": {name: count}}} for one synthetic batch."""
+    ids, cu = synthetic_batch(batch, prefix, suffix, vocab=runner.config.vocab_size, seed=seed)
+    index = build_index(ids, positions_from_cu_seqlens(cu), cu)
+    out = {}
+    for mode in MODES:
+        fb = build_forward_batch(ids, cu, None if mode == "off" else index, mode=mode,
+                                 device=runner.device)
+        ops = ops_per_layer(runner, fb)
+        out[mode] = {"total": sum(ops.values()),
+                     "compute": sum(v for k, v in ops.items() if k not in VIEW_OPS),
+                     "ops": dict(sorted(ops.items()))}
+    return out
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m loadtest.bench forward", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -179,6 +241,8 @@ def parse_args(argv):
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--count-ops", action="store_true",
+                   help="print ops per decoder layer (torch profiler) instead of timing")
     return p.parse_args(argv)
 
 
@@ -192,6 +256,15 @@ def main(argv=None) -> int:
 
         model_dir = str(fixtures.cached(args.preset, layers=args.layers, root=args.fixture_root))
     runner = load_runner(model_dir, device=args.device, dtype=args.dtype)
+    if args.count_ops:
+        counts = count_ops(runner, batch=args.batch, prefix=args.prefix[0], suffix=args.suffix,
+                           seed=args.seed)
+        if args.json:
+            print(json.dumps(counts, indent=2))
+        for mode, c in counts.items():
+            ops = ", ".join(f"{k.removeprefix('aten::')} {v}" for k, v in c["ops"].items())
+            print(f"{mode:>8}: {c['compute']:>3} compute ops/layer, {c['total']:>3} with views ({ops})")
+        return 0
     rows = bench(runner, batch=args.batch, prefixes=args.prefix, suffix=args.suffix,
                  warmup=args.warmup, repeats=args.repeats, seed=args.seed, modes=args.modes)
     if args.json:
