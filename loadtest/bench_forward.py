@@ -241,6 +241,8 @@ def parse_args(argv):
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--attention", default=None, choices=["sdpa", "sdpa-padded"],
+                   help="force a portable attention path instead of the chosen backend")
     p.add_argument("--count-ops", action="store_true",
                    help="print ops per decoder layer (torch profiler) instead of timing")
     return p.parse_args(argv)
@@ -256,6 +258,12 @@ def main(argv=None) -> int:
 
         model_dir = str(fixtures.cached(args.preset, layers=args.layers, root=args.fixture_root))
     runner = load_runner(model_dir, device=args.device, dtype=args.dtype)
+    if args.attention:
+        from models.attention import PORTABLE, AttentionBackend
+
+        runner.model.layers[0].self_attn.kernels.attention = AttentionBackend(
+            args.attention, PORTABLE[args.attention])  # one Kernels object shared by all layers
+        runner.attention_backend = args.attention
     if args.count_ops:
         counts = count_ops(runner, batch=args.batch, prefix=args.prefix[0], suffix=args.suffix,
                            seed=args.seed)

@@ -4,7 +4,6 @@ The oracle everywhere is plain advanced indexing / index_add_ on the same inputs
 """
 from __future__ import annotations
 
-import logging
 import os
 import subprocess
 import sys

@@ -105,5 +105,5 @@ def test_warm_up_runs_one_forward_before_serving(tiny_embedding_dir, monkeypatch
         return real_run(self, batch)
 
     monkeypatch.setattr(runner_mod.Runner, "run", spy)
-    runner = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32")
+    load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32")
     assert seen == [("off", len(runner_mod.WARMUP_LENGTHS), sum(runner_mod.WARMUP_LENGTHS))]
