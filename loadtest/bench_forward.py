@@ -7,6 +7,10 @@ and the Amdahl prediction 1/((1-f) + f/r) with r = N/N' and f the position-wise 
 the `off` forward's measured time instead. `idx_ms` is the host time of building the trie for
 the batch: what the threshold gate spends (on the prep thread) even when it then runs `off`.
 `--prefix 0` shares nothing, the case where radix on must cost no more than off.
+`--ab OLD_ROOT` instead times this checkout's model against the model code of another checkout
+(its models/qwen3.py and models/loader.py, same weights, same batches, same attention backend
+and gathers) in one process, alternating old/new within each round, so machine load hits both
+alike: the way to measure a model-code change on a shared, noisy machine.
 `--count-ops` instead prints the operators one decoder layer dispatches per forward (torch
 profiler, CPU): on a GPU each is at least one kernel launch, the cost that dominates small batches.
 Figures only; nothing is asserted.
@@ -222,6 +226,68 @@ def count_ops(runner: Runner, *, batch: int, prefix: int, suffix: int, seed: int
     return out
 
 
+def _module_from(path, name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, str(path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def old_model(runner: Runner, old_root, model_dir: str):
+    """The same checkpoint loaded by another checkout's models/qwen3.py + models/loader.py.
+
+    NOTE: the old files are executed against *this* checkout's models.config/batch/attention
+    and kernels (their imports), so this fits changes confined to those two files.
+    """
+    from pathlib import Path
+
+    root = Path(old_root)
+    qwen3 = _module_from(root / "models" / "qwen3.py", "ab_old_qwen3")
+    loader = _module_from(root / "models" / "loader.py", "ab_old_loader")
+    ker = runner.model.layers[0].self_attn.kernels
+    kernels = qwen3.Kernels(ker.attention, ker.gather_rows, ker.gather_rows_pair)
+    with torch.device("meta"):
+        model = qwen3.Qwen3Model(runner.config, kernels, rope_device=runner.device,
+                                 lm_head=runner.kind == "reranker")
+    loader.load_weights(model, model_dir, device=runner.device, dtype=runner.dtype)
+    return model.eval()
+
+
+def ab(runner: Runner, old, *, batch: int, prefixes: list[int], suffix: int, warmup: int,
+       repeats: int, seed: int) -> list[dict]:
+    """Median ms of old vs new model forward per (prefix, mode); old/new alternate every call."""
+    cuda = runner.device.type == "cuda"
+    models = {"old": old, "new": runner.model}
+    rows = []
+    for prefix in prefixes:
+        ids, cu = synthetic_batch(batch, prefix, suffix, vocab=runner.config.vocab_size, seed=seed)
+        index = build_index(ids, positions_from_cu_seqlens(cu), cu)
+        for mode in MODES:
+            fb = build_forward_batch(ids, cu, None if mode == "off" else index, mode=mode,
+                                     device=runner.device)
+            times: dict[str, list[float]] = {"old": [], "new": []}
+            outs = {}
+            with torch.inference_mode():
+                for k in range(warmup + repeats):
+                    order = ("old", "new") if k % 2 == 0 else ("new", "old")
+                    for label in order:
+                        if cuda:
+                            torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        outs[label] = models[label](fb.input_ids, fb.positions, fb)
+                        if cuda:
+                            torch.cuda.synchronize()
+                        if k >= warmup:
+                            times[label].append((time.perf_counter() - t0) * 1e3)
+            old_ms, new_ms = statistics.median(times["old"]), statistics.median(times["new"])
+            rows.append({"prefix": prefix, "mode": mode, "tokens": int(cu[-1]), "rows": fb.num_rows,
+                         "old_ms": old_ms, "new_ms": new_ms, "new_over_old": new_ms / old_ms,
+                         "max_abs_diff": (outs["new"] - outs["old"]).abs().max().item()})
+    return rows
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m loadtest.bench forward", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -243,6 +309,8 @@ def parse_args(argv):
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--attention", default=None, choices=["sdpa", "sdpa-padded"],
                    help="force a portable attention path instead of the chosen backend")
+    p.add_argument("--ab", default=None, metavar="OLD_ROOT",
+                   help="time this model against OLD_ROOT's models/qwen3.py + loader.py")
     p.add_argument("--count-ops", action="store_true",
                    help="print ops per decoder layer (torch profiler) instead of timing")
     return p.parse_args(argv)
@@ -264,6 +332,22 @@ def main(argv=None) -> int:
         runner.model.layers[0].self_attn.kernels.attention = AttentionBackend(
             args.attention, PORTABLE[args.attention])  # one Kernels object shared by all layers
         runner.attention_backend = args.attention
+    if args.ab:
+        rows = ab(runner, old_model(runner, args.ab, model_dir), batch=args.batch,
+                  prefixes=args.prefix, suffix=args.suffix, warmup=args.warmup,
+                  repeats=args.repeats, seed=args.seed)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+            return 0
+        print(f"# A/B {args.ab} (old) vs this checkout (new), {runner.device} "
+              f"{str(runner.dtype).replace('torch.', '')}, attention {runner.attention_backend}, "
+              f"{torch.get_num_threads()} threads, B={args.batch} S={args.suffix}, median of "
+              f"{args.repeats}, old/new alternating")
+        print(f"{'P':>5} {'mode':>8} {'N':>7} {'rows':>7} {'old_ms':>9} {'new_ms':>9} {'new/old':>8} {'max|d|':>8}")
+        for r in rows:
+            print(f"{r['prefix']:>5} {r['mode']:>8} {r['tokens']:>7} {r['rows']:>7} {r['old_ms']:>9.1f} "
+                  f"{r['new_ms']:>9.1f} {r['new_over_old']:>8.3f} {r['max_abs_diff']:>8.1e}")
+        return 0
     if args.count_ops:
         counts = count_ops(runner, batch=args.batch, prefix=args.prefix[0], suffix=args.suffix,
                            seed=args.seed)
