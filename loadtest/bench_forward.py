@@ -288,6 +288,46 @@ def ab(runner: Runner, old, *, batch: int, prefixes: list[int], suffix: int, war
     return rows
 
 
+def attention_ab(runner: Runner, *, batch: int, prefixes: list[int], suffix: int, repeats: int,
+                 seed: int) -> list[dict]:
+    """Per-run SDPA vs padded SDPA on one layer's attention inputs in the model's shapes,
+    alternating; `plan_ms` is the padded layout's host planning, paid once per batch."""
+    from models.attention import make_meta, sdpa_padded, sdpa_varlen
+
+    cfg = runner.config
+    h, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for prefix in prefixes:
+        ids, cu = synthetic_batch(batch, prefix, suffix, vocab=cfg.vocab_size, seed=seed)
+        index = build_index(ids, positions_from_cu_seqlens(cu), cu)
+        for mode in MODES:
+            fb = build_forward_batch(ids, cu, None if mode == "off" else index, mode=mode)
+            meta = fb.attn
+            tq, tk = meta.host_cu_seqlens_q[-1], meta.host_cu_seqlens_k[-1]
+            q = torch.randn(tq, h, d, generator=gen).to(runner.dtype)
+            k = torch.randn(tk, hkv, d, generator=gen).to(runner.dtype)
+            v = torch.randn(tk, hkv, d, generator=gen).to(runner.dtype)
+            t0 = time.perf_counter()
+            plan = make_meta(meta.host_cu_seqlens_q, meta.host_cu_seqlens_k, "cpu").padded
+            plan_ms = (time.perf_counter() - t0) * 1e3
+            times = {"sdpa": [], "sdpa-padded": []}
+            fns = {"sdpa": sdpa_varlen, "sdpa-padded": sdpa_padded}
+            with torch.inference_mode():
+                meta.padded  # noqa: B018 - plan once, as the first layer does
+                for k_ in range(repeats + 1):
+                    for name in (("sdpa", "sdpa-padded") if k_ % 2 == 0 else ("sdpa-padded", "sdpa")):
+                        t0 = time.perf_counter()
+                        fns[name](q, k, v, meta, scale=d ** -0.5)
+                        if k_:
+                            times[name].append((time.perf_counter() - t0) * 1e3)
+            a, b = statistics.median(times["sdpa"]), statistics.median(times["sdpa-padded"])
+            rows.append({"prefix": prefix, "mode": mode, "seqs": len(meta.host_cu_seqlens_q) - 1,
+                         "runs": len(meta.runs), "buckets": len(plan.buckets), "sdpa_ms": a,
+                         "padded_ms": b, "padded_over_sdpa": b / a, "plan_ms": plan_ms})
+    return rows
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m loadtest.bench forward", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -311,6 +351,8 @@ def parse_args(argv):
                    help="force a portable attention path instead of the chosen backend")
     p.add_argument("--ab", default=None, metavar="OLD_ROOT",
                    help="time this model against OLD_ROOT's models/qwen3.py + loader.py")
+    p.add_argument("--attention-ab", action="store_true",
+                   help="time one layer's attention: per-run sdpa vs padded sdpa, alternating")
     p.add_argument("--count-ops", action="store_true",
                    help="print ops per decoder layer (torch profiler) instead of timing")
     return p.parse_args(argv)
@@ -347,6 +389,18 @@ def main(argv=None) -> int:
         for r in rows:
             print(f"{r['prefix']:>5} {r['mode']:>8} {r['tokens']:>7} {r['rows']:>7} {r['old_ms']:>9.1f} "
                   f"{r['new_ms']:>9.1f} {r['new_over_old']:>8.3f} {r['max_abs_diff']:>8.1e}")
+        return 0
+    if args.attention_ab:
+        rows = attention_ab(runner, batch=args.batch, prefixes=args.prefix, suffix=args.suffix,
+                            repeats=args.repeats, seed=args.seed)
+        print(f"# one layer's attention, {runner.device} {str(runner.dtype).replace('torch.', '')}, "
+              f"B={args.batch} S={args.suffix}, median of {args.repeats}, alternating")
+        print(f"{'P':>5} {'mode':>8} {'seqs':>5} {'runs':>5} {'buckets':>7} {'sdpa_ms':>8} "
+              f"{'padded_ms':>9} {'padded/sdpa':>11} {'plan_ms':>7}")
+        for r in rows:
+            print(f"{r['prefix']:>5} {r['mode']:>8} {r['seqs']:>5} {r['runs']:>5} {r['buckets']:>7} "
+                  f"{r['sdpa_ms']:>8.1f} {r['padded_ms']:>9.1f} {r['padded_over_sdpa']:>11.2f} "
+                  f"{r['plan_ms']:>7.2f}")
         return 0
     if args.count_ops:
         counts = count_ops(runner, batch=args.batch, prefix=args.prefix[0], suffix=args.suffix,

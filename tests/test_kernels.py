@@ -288,6 +288,18 @@ def test_gpu_check_writes_report(tmp_path):
     built = torch.cuda.is_available()
     assert ("## build: ok" in md) == built and (rc == 0) == built
     assert '"cuda_available": %s' % str(built).lower() in report
+    assert "## attention:" in md
+
+
+def test_gpu_check_runs_every_gpu_marked_test_file():
+    from loadtest import gpu_check
+
+    files = gpu_check.gpu_test_files()
+    root = Path(gpu_check.ROOT)
+    marked = {f"tests/{p.name}" for p in (root / "tests").glob("test_*.py")
+              if "pytest.mark.gpu" in p.read_text() or "GPU = pytest.mark.gpu" in p.read_text()}
+    assert marked and marked <= set(files)
+    assert all((root / f).is_file() for f in files)
 
 
 def test_compact_index_ratio():
