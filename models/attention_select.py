@@ -141,7 +141,11 @@ def probe(fn: AttnFn, device: torch.device, dtype: torch.dtype, shape: Shape) ->
     scale = d ** -0.5
     want = sdpa_varlen(q.double(), k.double(), v.double(), make_meta(cu_q, cu_k, "cpu"),
                        scale=scale)
-    qd, kd, vd = (t.to(device, dtype) for t in (q, k, v))
+    # NOTE: the forward passes row-strided head slices of the fused QKV output (models/qwen3.py),
+    # so the probe does too: a kernel that assumes packed rows fails here, not in a batch.
+    qk_q = torch.cat((q, torch.zeros(q.shape[0], hkv, d)), dim=1).to(device, dtype)  # [Tq, H+Hkv, D]
+    kv = torch.cat((torch.zeros(k.shape[0], h, d), k, v), dim=1).to(device, dtype)  # [Tk, H+2Hkv, D]
+    qd, kd, vd = qk_q[:, :h], kv[:, h:h + hkv], kv[:, h + hkv:]
     try:
         got = fn(qd, kd, vd, make_meta(cu_q, cu_k, device), scale=scale)
         got = got.double().cpu()
