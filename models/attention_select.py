@@ -101,8 +101,10 @@ def _efficient_varlen() -> AttnFn:
         if k.shape[1] != q.shape[1]:
             group = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)  # [Tk, H, D]
+        # log-sum-exp only when autograd will need it (the op's backward reads it).
+        lse = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
         out = op(q[None], k[None], v[None], None, meta.cu_seqlens_q, meta.cu_seqlens_k,
-                 meta.max_seqlen_q, meta.max_seqlen_k, 0.0, bottom_right, False, scale=scale)[0]
+                 meta.max_seqlen_q, meta.max_seqlen_k, 0.0, bottom_right, lse, scale=scale)[0]
         return out[0]  # [Tq, H, D]
 
     return efficient
