@@ -25,7 +25,13 @@ ARG TORCH_VERSION
 ARG TORCH_CUDA
 ARG WITH_FLASH_ATTN=0
 ARG FLASH_ATTN_VERSION=2.8.3
-ARG MAX_JOBS=8
+# flash-attn compile: its own arch list (sm_80 code also runs on 8.6/8.9; 9.0 gets Hopper's) and
+# a cap on parallel compiler jobs: each nvcc job of flash-attn takes several GB of RAM (x
+# NVCC_THREADS), so uncapped ninja on a many-core builder runs out of memory. See
+# docs/operations.md ("Kernels, flash-attn and ninja").
+ARG FLASH_ATTN_CUDA_ARCHS="80;90"
+ARG MAX_JOBS=4
+ARG NVCC_THREADS=2
 
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_NO_CACHE_DIR=1 \
@@ -46,9 +52,12 @@ RUN apt-get update \
 RUN python -m pip install torch==${TORCH_VERSION} --index-url https://download.pytorch.org/whl/${TORCH_CUDA} \
     && python -m pip install ninja packaging wheel
 
-# Optional flash-attn, compiled against the torch above (MAX_JOBS bounds the compiler's memory).
+# Optional flash-attn stage, compiled against the torch above with ninja (installed above):
+# only FLASH_ATTN_CUDA_ARCHS, at most MAX_JOBS compiler jobs of NVCC_THREADS threads each.
 RUN if [ "${WITH_FLASH_ATTN}" = "1" ]; then \
-        MAX_JOBS=${MAX_JOBS} python -m pip install flash-attn==${FLASH_ATTN_VERSION} --no-build-isolation; \
+        FLASH_ATTN_CUDA_ARCHS="${FLASH_ATTN_CUDA_ARCHS}" MAX_JOBS=${MAX_JOBS} NVCC_THREADS=${NVCC_THREADS} \
+        python -m pip install flash-attn==${FLASH_ATTN_VERSION} --no-build-isolation \
+        && python -c "import flash_attn, flash_attn_2_cuda; print('flash-attn', flash_attn.__version__)"; \
     fi
 
 WORKDIR /src
@@ -107,9 +116,10 @@ ENTRYPOINT ["radixserve"]
 # Stage 3 (default target `gpu`): CUDA runtime base, the venv and the prebuilt kernels.
 FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu${UBUNTU_VERSION} AS gpu
 
-# NOTE: the gather kernel is imported straight from the prebuilt .so when its sha256 stamp matches
-# the installed kernels/gather.cu (kernels/build.py, load_prebuilt); this stage has no nvcc, so a
-# mismatch means the pure-torch fallback. TORCH_CUDA_ARCH_LIST and CUDA_HOME mirror the build stage.
+# NOTE: the gather kernel is imported straight from the prebuilt .so when its stamp (sources,
+# torch, CUDA, TORCH_CUDA_ARCH_LIST, flags; kernels/build.py) matches and a self-test gather on
+# the GPU passes; this stage has no nvcc, so a mismatch means the pure-torch fallback with a
+# WARNING. TORCH_CUDA_ARCH_LIST and CUDA_HOME mirror the build stage (they are in the stamp).
 # The kernel is opt-in (-e RADIXSERVE_GATHER_IMPL=cuda) until measured on a GPU; see kernels/__init__.py.
 ENV DEBIAN_FRONTEND=noninteractive \
     VIRTUAL_ENV=/opt/venv \

@@ -7,7 +7,7 @@ twins are the CPU path, the fallback and the test oracle. Gradients flow through
 Which implementation runs on CUDA is set by ``RADIXSERVE_GATHER_IMPL``:
 - ``auto`` (default): torch's index_select, and nothing is built.
 - ``cuda``: the custom kernel (kernels/gather.cu) wherever its checks pass, the K/V pair in one
-  launch; built on first use (or loaded prebuilt, see kernels/build.py).
+  launch; loaded prebuilt or built on first use, then self-tested (kernels/gather.py).
 - ``torch``: index_select everywhere (what ``auto`` is today).
 NOTE: the rule is to keep the custom kernel only where a measurement on the GPU shows it beating
 torch (index_select, advanced indexing, torch.gather, against a device-to-device copy). No GPU

@@ -1,23 +1,40 @@
-"""Ahead-of-time build of the CUDA extensions, and loading what such a build left behind.
+"""Building the CUDA extensions, stamping what they were built for, and loading them back.
 
-``python -m kernels.build`` (run by ``docker build``) compiles every extension for
-$TORCH_CUDA_ARCH_LIST into $TORCH_EXTENSIONS_DIR; no GPU is needed to compile. Each build is
-stamped with the sha256 of its sources, so a process that finds a matching stamp imports the
-prebuilt .so directly (``load_prebuilt``) instead of calling cpp_extension.load again.
+``python -m kernels.build`` (run by ``docker build``, and by a server start that finds no usable
+library, in a subprocess with a timeout) compiles every extension into
+``$TORCH_EXTENSIONS_DIR/<name>/<stamp digest>/``; no GPU is needed to compile.
+
+Invariant: a library is imported only when its stamp equals what this process would build now:
+the sources' sha256, torch's version, torch's CUDA version, the arch list and the compiler
+flags. Any difference (a torch upgrade under a bare-pip cache, another arch list, edited
+sources) is another directory, so a stale .so is never imported; it is rebuilt instead.
 NOTE: a fresh process calling cpp_extension.load always re-enters the ninja build step, which
-needs ninja, nvcc and CUDA_HOME: none of them exist in the runtime image.
+needs ninja, nvcc and CUDA_HOME: none of them exist in the runtime image, so loading goes
+through ``load_prebuilt`` and building through a subprocess.
+NOTE: torch's FileBaton waits forever on a ``lock`` left by a killed build, so every build runs
+in a fresh private directory (``tmp-<pid>-*``) that is renamed into place when it succeeds; a
+killed build leaves only that directory behind, removed by the next build once its pid is dead.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import importlib.machinery
 import importlib.util
+import json
 import logging
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
 log = logging.getLogger(__name__)
+
+STALE_BUILD_S = 3600.0  # a private build dir older than this is abandoned, whatever its pid
 
 
 def source_digest(sources: Sequence[Path]) -> str:
@@ -28,34 +45,132 @@ def source_digest(sources: Sequence[Path]) -> str:
     return h.hexdigest()
 
 
-def stamp_path(build_dir: Path, name: str) -> Path:
-    return Path(build_dir) / f"{name}.sha256"
+def arch_list() -> str:
+    """The archs a build here targets: $TORCH_CUDA_ARCH_LIST, else (as torch does) the visible
+    GPUs' compute capabilities."""
+    env = os.environ.get("TORCH_CUDA_ARCH_LIST", "").strip()
+    if env:
+        return env
+    import torch
+
+    if not torch.cuda.is_available():
+        return "unset"
+    caps = sorted({torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())})
+    return "visible:" + ";".join(f"{a}.{b}" for a, b in caps)
 
 
-def write_stamp(build_dir: Path, name: str, sources: Sequence[Path]) -> None:
-    stamp_path(build_dir, name).write_text(source_digest(sources) + "\n")
+def stamp_fields(sources: Sequence[Path], flags: Sequence[str], *, torch_version: str | None = None,
+                 cuda_version: str | None = None, archs: str | None = None) -> dict:
+    """Everything a compiled library depends on (keyword overrides are for tests)."""
+    import torch
+
+    return {
+        "sources_sha256": source_digest(sources),
+        "torch": torch_version if torch_version is not None else torch.__version__,
+        "cuda": cuda_version if cuda_version is not None else str(torch.version.cuda),
+        "archs": archs if archs is not None else arch_list(),
+        "flags": list(flags),
+    }
 
 
-def load_prebuilt(name: str, build_dir: Path, sources: Sequence[Path]):
-    """The extension module from ``build_dir/name.so`` when its stamp matches the sources, else None."""
-    so = Path(build_dir) / f"{name}.so"
-    stamp = stamp_path(build_dir, name)
-    if not so.is_file() or not stamp.is_file():
-        return None
-    if stamp.read_text().strip() != source_digest(sources):
-        log.info("prebuilt %s is stale (sources changed); rebuilding", so)
-        return None
+def stamp_digest(fields: dict) -> str:
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def library_dir(root: Path, name: str, fields: dict) -> Path:
+    """Where the library for exactly these stamp fields lives."""
+    return Path(root) / name / stamp_digest(fields)
+
+
+def write_stamp(build_dir: Path, name: str, fields: dict) -> None:
+    (Path(build_dir) / f"{name}.stamp.json").write_text(json.dumps(fields, indent=1, sort_keys=True))
+
+
+def check_stamp(build_dir: Path, name: str, fields: dict) -> str | None:
+    """None when ``build_dir`` holds a library stamped with exactly ``fields``, else why not."""
+    so, stamp = Path(build_dir) / f"{name}.so", Path(build_dir) / f"{name}.stamp.json"
+    if not so.is_file():
+        return f"no prebuilt library {so}"
+    try:
+        have = json.loads(stamp.read_text())
+    except (OSError, ValueError) as exc:
+        return f"unreadable stamp {stamp}: {exc}"
+    changed = sorted(k for k in set(have) | set(fields) if have.get(k) != fields.get(k))
+    return f"stale library (changed: {', '.join(changed)})" if changed else None
+
+
+def load_prebuilt(name: str, build_dir: Path, fields: dict):
+    """(module, None) from ``build_dir/name.so`` when its stamp matches, else (None, reason)."""
+    reason = check_stamp(build_dir, name, fields)
+    if reason is not None:
+        return None, reason
     import torch  # noqa: F401 - the extension links against libtorch; load it first
 
-    loader = importlib.machinery.ExtensionFileLoader(name, str(so))
-    spec = importlib.util.spec_from_file_location(name, str(so), loader=loader)
-    module = importlib.util.module_from_spec(spec)
-    loader.exec_module(module)
-    return module
+    so = Path(build_dir) / f"{name}.so"
+    try:
+        loader = importlib.machinery.ExtensionFileLoader(name, str(so))
+        spec = importlib.util.spec_from_file_location(name, str(so), loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - an undefined symbol after an ABI change, ...
+        return None, f"import of {so} failed: {type(exc).__name__}: {exc}"
+    return module, None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def clear_abandoned_builds(parent: Path, *, max_age_s: float = STALE_BUILD_S) -> list[Path]:
+    """Remove ``tmp-<pid>-*`` build dirs whose process is gone (or that are older than
+    ``max_age_s``): what a killed build leaves. Returns the removed paths."""
+    removed = []
+    for d in Path(parent).glob("tmp-*"):
+        try:
+            pid = int(d.name.split("-")[1])
+            age = time.time() - d.stat().st_mtime
+        except (ValueError, IndexError, OSError):
+            continue
+        if (pid != os.getpid() and not _pid_alive(pid)) or age > max_age_s:
+            log.warning("removing abandoned extension build %s (pid %d, %.0f s old)", d, pid, age)
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
+
+
+def run_build(cmd: Sequence[str], *, timeout_s: float, env: dict | None = None) -> str | None:
+    """Run a build command in its own process group; None on success, else why it failed.
+
+    On timeout the whole group (ninja, nvcc) is killed, so start-up waits at most timeout_s.
+    """
+    try:
+        proc = subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=env, start_new_session=True)
+    except OSError as exc:
+        return f"could not start {cmd[0]}: {exc}"
+    try:
+        out, _ = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return f"build timed out after {timeout_s:g} s (killed)"
+    if proc.returncode != 0:
+        tail = " | ".join((out or "").strip().splitlines()[-3:])
+        return f"build exited {proc.returncode}: {tail[-400:]}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     """Build every CUDA extension now; non-zero exit when torch has no CUDA or a build fails."""
+    p = argparse.ArgumentParser(prog="python -m kernels.build", description=main.__doc__)
+    p.add_argument("--root", default=None, help="extension root (default $TORCH_EXTENSIONS_DIR)")
+    args = p.parse_args(argv)
     import torch
 
     from kernels import gather
@@ -64,11 +179,11 @@ def main(argv: list[str] | None = None) -> int:
         print("kernels.build: this torch has no CUDA support; nothing to build", file=sys.stderr)
         return 2
     try:
-        gather.build_now()
+        where = gather.build_now(Path(args.root) if args.root else None)
     except Exception as exc:  # noqa: BLE001 - report any compiler failure and fail the build
         print(f"kernels.build: {gather.EXTENSION_NAME} failed: {exc}", file=sys.stderr)
         return 1
-    print(f"kernels.build: {gather.EXTENSION_NAME} built in {gather.extension_root() / gather.EXTENSION_NAME}")
+    print(f"kernels.build: {gather.EXTENSION_NAME} built in {where}")
     return 0
 
 

@@ -1,9 +1,13 @@
-"""Thin wrapper around gather.cu: cached JIT build, host-side checks, autograd.
+"""Thin wrapper around gather.cu: stamped, self-tested loading, host-side checks, autograd.
 
-Invariant: nothing here builds or touches CUDA at import. ``load_extension()`` builds once per
-process on first CUDA use (into ``$TORCH_EXTENSIONS_DIR/radixserve_gather``, default
-``~/.cache/radixserve/torch_extensions``), removes a ``lock`` left by a killed build, and on any
-build error logs one warning and returns None forever after, so callers fall back to torch.
+Invariant: nothing here builds or touches CUDA at import, and start-up never hangs on a build.
+``load_extension()`` (once per process, on first CUDA use):
+1. imports the prebuilt library whose stamp (kernels/build.py: sources, torch, CUDA, archs,
+   flags) matches this process, and runs a tiny gather on the GPU against index_select;
+2. if there is none, or it fails to import or its self-test fails (e.g. "no kernel image is
+   available" on an arch outside the built list), rebuilds once, in a subprocess
+   (``python -m kernels.build``) killed after ``BUILD_TIMEOUT_S``, then loads and self-tests again;
+3. on any failure logs a WARNING naming why and returns None forever after, so callers use torch.
 
 NOTE: the kernel does not range-check index values on the device (a check would cost a host
 sync per call): an index outside [0, N) reads out of bounds. Model code derives its indices
@@ -13,17 +17,25 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
+
+from kernels import build
 
 log = logging.getLogger(__name__)
 
 EXTENSION_NAME = "radixserve_gather"
 SOURCE = Path(__file__).with_name("gather.cu")
+CUDA_FLAGS = ("-O3", "--expt-relaxed-constexpr")
 STALE_LOCK_S = 600.0  # a build takes ~1-3 min; a lock older than this was left by a killed one
+BUILD_TIMEOUT_S = 300.0  # the most a start-up waits for a rebuild
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
@@ -32,16 +44,21 @@ _state: dict = {"tried": False, "ext": None, "error": None}
 
 
 def extension_root() -> Path:
-    """Where JIT builds live: $TORCH_EXTENSIONS_DIR, else ~/.cache/radixserve/torch_extensions."""
+    """Where builds live: $TORCH_EXTENSIONS_DIR, else ~/.cache/radixserve/torch_extensions."""
     env = os.environ.get("TORCH_EXTENSIONS_DIR")
     return Path(env) if env else Path.home() / ".cache" / "radixserve" / "torch_extensions"
+
+
+def stamp_fields() -> dict:
+    """What a library built here and now would be stamped with."""
+    return build.stamp_fields([SOURCE], CUDA_FLAGS)
 
 
 def clear_stale_lock(build_dir: Path | str, *, max_age_s: float = STALE_LOCK_S) -> bool:
     """Remove ``build_dir/lock`` if older than ``max_age_s`` (a killed build's leftover).
 
-    torch's FileBaton waits forever on an existing lock, so a build killed mid-way would hang
-    every later process. Returns True when a lock was removed.
+    torch's FileBaton waits forever on an existing lock. Builds run in private directories
+    (kernels/build.py), so this only matters for a directory shared with an older release.
     """
     lock = Path(build_dir) / "lock"
     try:
@@ -55,47 +72,101 @@ def clear_stale_lock(build_dir: Path | str, *, max_age_s: float = STALE_LOCK_S) 
     return True
 
 
-def build_now():
-    """Compile (or reuse) the extension and stamp it for ``kernels.build.load_prebuilt``."""
+def build_now(root: Path | None = None) -> Path:
+    """Compile into a private ``tmp-<pid>-*`` directory, stamp it, rename it into place.
+
+    Returns the library directory. Runs in ``python -m kernels.build`` (image build, or the
+    subprocess of ``load_extension``), never inside a serving process.
+    """
     from torch.utils import cpp_extension  # NOTE: imported lazily; never at module import
 
-    from kernels.build import write_stamp
+    fields = stamp_fields()
+    final = build.library_dir(root or extension_root(), EXTENSION_NAME, fields)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    build.clear_abandoned_builds(final.parent)
+    work = Path(tempfile.mkdtemp(prefix=f"tmp-{os.getpid()}-", dir=final.parent))
+    try:
+        cpp_extension.load(name=EXTENSION_NAME, sources=[str(SOURCE)], build_directory=str(work),
+                           extra_cuda_cflags=list(CUDA_FLAGS), verbose=False)
+        build.write_stamp(work, EXTENSION_NAME, fields)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(work, final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
 
-    build_dir = extension_root() / EXTENSION_NAME
-    build_dir.mkdir(parents=True, exist_ok=True)
-    clear_stale_lock(build_dir)
-    ext = cpp_extension.load(
-        name=EXTENSION_NAME,
-        sources=[str(SOURCE)],
-        build_directory=str(build_dir),
-        extra_cuda_cflags=["-O3", "--expt-relaxed-constexpr"],
-        verbose=False,
-    )
-    write_stamp(build_dir, EXTENSION_NAME, [SOURCE])
-    return ext
+
+def self_test(ext, device: torch.device | str = "cuda") -> str | None:
+    """A tiny gather (single and K/V pair, fp32 and bf16, int32 and int64 index) against
+    index_select on ``device``; None when it matches, else why not (exceptions included)."""
+    try:
+        src = torch.arange(7 * 12, dtype=torch.float32).view(7, 3, 4).to(device)
+        for dtype in (torch.float32, torch.bfloat16):
+            for idx_dtype in INDEX_DTYPES:
+                x = src.to(dtype)
+                index = torch.tensor([4, 0, 6, 6, 2], dtype=idx_dtype, device=x.device)
+                want = x.index_select(0, index)
+                got = ext.gather_rows(x, index)
+                got_k, got_v = ext.gather_rows_pair(x, x + 1, index)
+                if torch.device(device).type == "cuda":
+                    torch.cuda.synchronize()  # a bad launch surfaces here, not in a batch
+                if not (torch.equal(got, want) and torch.equal(got_k, want)
+                        and torch.equal(got_v, want + 1)):
+                    return f"self-test: wrong rows ({dtype}, {idx_dtype} index)"
+    except Exception as exc:  # noqa: BLE001 - e.g. "no kernel image is available"
+        return f"self-test raised {type(exc).__name__}: {str(exc).strip()[:200]}"
+    return None
 
 
-def _build():
-    """A prebuilt .so whose stamp matches gather.cu (docker image), else a JIT build."""
-    from kernels.build import load_prebuilt
+def subprocess_build(timeout_s: float = BUILD_TIMEOUT_S) -> str | None:
+    """``python -m kernels.build`` in a subprocess; None on success, else why it failed."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    return build.run_build([sys.executable, "-m", "kernels.build"], timeout_s=timeout_s, env=env)
 
-    ext = load_prebuilt(EXTENSION_NAME, extension_root() / EXTENSION_NAME, [SOURCE])
-    return ext if ext is not None else build_now()
+
+def resolve_library(*, load: Callable, rebuild: Callable[[], str | None],
+                    check: Callable[[object], str | None]):
+    """(ext, None) or (None, reason): load, self-test, and on any failure rebuild once.
+
+    ``load() -> (ext | None, reason)``, ``rebuild() -> reason | None``, ``check(ext) -> reason |
+    None`` are injected so the policy is testable without CUDA.
+    """
+    ext, why = load()
+    if ext is not None:
+        why = check(ext)
+        if why is None:
+            return ext, None
+    log.warning("gather kernel library unusable (%s); rebuilding it once", why)
+    failed = rebuild()
+    if failed is not None:
+        return None, f"{why}; rebuild failed: {failed}"
+    ext, why = load()
+    if ext is None:
+        return None, f"after rebuild: {why}"
+    why = check(ext)
+    return (ext, None) if why is None else (None, f"after rebuild: {why}")
+
+
+def _load():
+    fields = stamp_fields()
+    return build.load_prebuilt(EXTENSION_NAME,
+                               build.library_dir(extension_root(), EXTENSION_NAME, fields), fields)
 
 
 def load_extension():
-    """The compiled module, or None when CUDA or the build is unavailable (tried once)."""
+    """The compiled module, or None when CUDA, the build or the self-test fails (tried once)."""
     with _lock:
         if not _state["tried"]:
             _state["tried"] = True
             if not torch.cuda.is_available():
                 _state["error"] = "CUDA is not available"
             else:
-                try:
-                    _state["ext"] = _build()
-                except Exception as exc:  # noqa: BLE001 - any build failure means: use torch
-                    _state["error"] = f"{type(exc).__name__}: {str(exc).strip()[:300]}"
-                    log.warning("gather kernel build failed, using torch: %s", _state["error"])
+                ext, why = resolve_library(load=_load, rebuild=subprocess_build, check=self_test)
+                _state["ext"], _state["error"] = ext, why
+                if ext is None:
+                    log.warning("gather kernel not used, falling back to torch: %s", why)
         return _state["ext"]
 
 

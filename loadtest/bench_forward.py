@@ -7,6 +7,12 @@ and the Amdahl prediction 1/((1-f) + f/r) with r = N/N' and f the position-wise 
 the `off` forward's measured time instead. `idx_ms` is the host time of building the trie for
 the batch: what the threshold gate spends (on the prep thread) even when it then runs `off`.
 `--prefix 0` shares nothing, the case where radix on must cost no more than off.
+`--ab OLD_ROOT` instead times this checkout's model against the model code of another checkout
+(its models/qwen3.py and models/loader.py, same weights, same batches, same attention backend
+and gathers) in one process, alternating old/new within each round, so machine load hits both
+alike: the way to measure a model-code change on a shared, noisy machine.
+`--count-ops` instead prints the operators one decoder layer dispatches per forward (torch
+profiler, CPU): on a GPU each is at least one kernel launch, the cost that dominates small batches.
 Figures only; nothing is asserted.
 
     python -m loadtest.bench forward --preset qwen3-0.6b --layers 2 --dtype float32 \
@@ -179,6 +185,14 @@ def parse_args(argv):
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--attention", default=None, choices=["sdpa", "sdpa-padded"],
+                   help="force a portable attention path instead of the chosen backend")
+    p.add_argument("--ab", default=None, metavar="OLD_ROOT",
+                   help="time this model against OLD_ROOT's models/qwen3.py + loader.py")
+    p.add_argument("--attention-ab", action="store_true",
+                   help="time one layer's attention: per-run sdpa vs padded sdpa, alternating")
+    p.add_argument("--count-ops", action="store_true",
+                   help="print ops per decoder layer (torch profiler) instead of timing")
     return p.parse_args(argv)
 
 
@@ -192,6 +206,51 @@ def main(argv=None) -> int:
 
         model_dir = str(fixtures.cached(args.preset, layers=args.layers, root=args.fixture_root))
     runner = load_runner(model_dir, device=args.device, dtype=args.dtype)
+    if args.attention:
+        from models.attention import PORTABLE, AttentionBackend
+
+        runner.model.layers[0].self_attn.kernels.attention = AttentionBackend(
+            args.attention, PORTABLE[args.attention])  # one Kernels object shared by all layers
+        runner.attention_backend = args.attention
+    from loadtest.bench_forward_ab import ab, attention_ab, count_ops, old_model
+
+    if args.ab:
+        rows = ab(runner, old_model(runner, args.ab, model_dir), batch=args.batch,
+                  prefixes=args.prefix, suffix=args.suffix, warmup=args.warmup,
+                  repeats=args.repeats, seed=args.seed)
+        if args.json:
+            print(json.dumps(rows, indent=2))
+            return 0
+        print(f"# A/B {args.ab} (old) vs this checkout (new), {runner.device} "
+              f"{str(runner.dtype).replace('torch.', '')}, attention {runner.attention_backend}, "
+              f"{torch.get_num_threads()} threads, B={args.batch} S={args.suffix}, median of "
+              f"{args.repeats}, old/new alternating")
+        print(f"{'P':>5} {'mode':>8} {'N':>7} {'rows':>7} {'old_ms':>9} {'new_ms':>9} {'new/old':>8} {'max|d|':>8}")
+        for r in rows:
+            print(f"{r['prefix']:>5} {r['mode']:>8} {r['tokens']:>7} {r['rows']:>7} {r['old_ms']:>9.1f} "
+                  f"{r['new_ms']:>9.1f} {r['new_over_old']:>8.3f} {r['max_abs_diff']:>8.1e}")
+        return 0
+    if args.attention_ab:
+        rows = attention_ab(runner, batch=args.batch, prefixes=args.prefix, suffix=args.suffix,
+                            repeats=args.repeats, seed=args.seed)
+        print(f"# one layer's attention, {runner.device} {str(runner.dtype).replace('torch.', '')}, "
+              f"B={args.batch} S={args.suffix}, median of {args.repeats}, alternating")
+        print(f"{'P':>5} {'mode':>8} {'seqs':>5} {'runs':>5} {'buckets':>7} {'sdpa_ms':>8} "
+              f"{'padded_ms':>9} {'padded/sdpa':>11} {'plan_ms':>7}")
+        for r in rows:
+            print(f"{r['prefix']:>5} {r['mode']:>8} {r['seqs']:>5} {r['runs']:>5} {r['buckets']:>7} "
+                  f"{r['sdpa_ms']:>8.1f} {r['padded_ms']:>9.1f} {r['padded_over_sdpa']:>11.2f} "
+                  f"{r['plan_ms']:>7.2f}")
+        return 0
+    if args.count_ops:
+        counts = count_ops(runner, batch=args.batch, prefix=args.prefix[0], suffix=args.suffix,
+                           seed=args.seed)
+        if args.json:
+            print(json.dumps(counts, indent=2))
+        for mode, c in counts.items():
+            ops = ", ".join(f"{k.removeprefix('aten::')} {v}" for k, v in c["ops"].items())
+            print(f"{mode:>8}: {c['compute']:>3} compute ops/layer, {c['total']:>3} with views ({ops})")
+        return 0
     rows = bench(runner, batch=args.batch, prefixes=args.prefix, suffix=args.suffix,
                  warmup=args.warmup, repeats=args.repeats, seed=args.seed, modes=args.modes)
     if args.json:

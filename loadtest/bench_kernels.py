@@ -4,8 +4,8 @@ For the K/V shapes of Qwen3-0.6B/4B/8B (K and V each [N, Hkv*D], Hkv=8, D=128) a
 index (N' = N/2 rows gathered to N rows with repeats, laid out like groups of sequences sharing a
 prefix), times a device-to-device copy of the output size (the ceiling), torch.index_select,
 advanced indexing, torch.gather with an expanded index, and the custom kernel (single and pair),
-from packed K/V (what the model runs: separate k_proj/v_proj outputs) and from the strided K/V
-slices of a fused QKV output. Prints GB/s counting bytes
+from packed K/V and from the strided K/V slices of a fused QKV output (what the model runs since
+qkv_proj is fused: K is a head slice of the rotated [T, H+Hkv, D] q/k, V one of the QKV output). Prints GB/s counting bytes
 read + written (2 * rows_out * row_bytes per tensor) and the share of the copy ceiling.
 
 Invariant: figures on CPU are only a smoke test and are labelled "cpu, not meaningful".

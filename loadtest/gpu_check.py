@@ -1,8 +1,11 @@
-"""One-shot GPU verification: build the gather kernel, run the GPU tests, time the gathers.
+"""One-shot GPU verification: build the gather kernel, pick the attention backends, run the GPU
+tests, time the gathers.
 
 Meant for one call on the lent H100 (torch cu13x, no fastapi there):
     python -m loadtest.gpu_check --out $OUT
-Writes gpu_check.md (human report), gpu_check.json (all figures), pytest.log and bench.json
+The tests are every tests/ file with a gpu-marked test (kernels and their build/self-test,
+attention backends and the one-call fallbacks, the fused model in bf16 against transformers, no
+host syncs) plus the kernels' CPU plumbing. Writes gpu_check.md (human report), gpu_check.json (all figures), pytest.log and bench.json
 under --out, and prints the markdown last (the device tool returns the output's tail).
 Invariant: every step runs even if an earlier one failed; the exit code is 0 only when the
 build, the tests and the benchmark all succeeded.
@@ -26,7 +29,16 @@ from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = ["tests/test_kernels.py", "tests/test_kernels_gpu.py", "tests/test_kernels_build.py", "tests/test_gpu_model.py"]
+CORE_TESTS = ("tests/test_kernels.py", "tests/test_kernels_gpu.py", "tests/test_kernels_build.py",
+              "tests/test_gpu_model.py", "tests/test_model_attention.py")
+MODEL_SHAPES = {"qwen3-0.6b": (16, 8, 128), "qwen3-4b/8b": (32, 8, 128)}  # (H, Hkv, D)
+
+
+def gpu_test_files(root: Path = ROOT) -> list[str]:
+    """CORE_TESTS plus every tests/ file that holds a gpu-marked test (so a new one is never missed)."""
+    found = {f"tests/{p.name}" for p in (root / "tests").glob("test_*.py")
+             if "mark.gpu" in p.read_text()}
+    return sorted(found | set(CORE_TESTS))
 
 
 def _env() -> dict:
@@ -66,9 +78,14 @@ def _build() -> dict:
     from kernels import gather
 
     t0 = time.perf_counter()
+    os.environ["RADIXSERVE_GATHER_IMPL"] = "cuda"
     ext = gather.load_extension()
     step = {"ok": ext is not None, "seconds": round(time.perf_counter() - t0, 1),
             "error": gather.load_error(), "build_dir": str(gather.extension_root())}
+    if torch.version.cuda is not None:
+        step["stamp"] = gather.stamp_fields()
+    if ext is not None:
+        step["self_test"] = gather.self_test(ext) or "passed"
     for impl in ("auto", "cuda", "torch"):
         os.environ["RADIXSERVE_GATHER_IMPL"] = impl
         step[f"describe_{impl}"] = kernels.describe("cuda") if torch.cuda.is_available() else "n/a"
@@ -76,8 +93,27 @@ def _build() -> dict:
     return step
 
 
+def _attention() -> dict:
+    """Which backend each model shape and dtype gets here, and why the others were not taken."""
+    from models.attention_select import select_backend
+
+    step: dict = {"ok": True, "choices": []}
+    if not torch.cuda.is_available():
+        return step | {"ok": False, "error": "CUDA is not available"}
+    for model, (h, hkv, d) in MODEL_SHAPES.items():
+        for dtype in (torch.bfloat16, torch.float16, torch.float32):
+            backend = select_backend("cuda", dtype=dtype, heads=h, kv_heads=hkv, head_dim=d)
+            step["choices"].append({"model": model, "dtype": str(dtype).replace("torch.", ""),
+                                    "backend": backend.name, "rejected": backend.rejected})
+            # a fused kernel in half precision, a one-call path in fp32: else launches per run
+            want = ("flash-attn", "torch-varlen", "torch-varlen-repeat-kv") if dtype != torch.float32 \
+                else ("efficient-varlen", "sdpa-padded")
+            step["ok"] &= backend.name in want
+    return step
+
+
 def _pytest(out: Path, timeout_s: int) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *TESTS]
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *gpu_test_files()]
     t0 = time.perf_counter()
     try:
         res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
@@ -135,7 +171,15 @@ def _markdown(report: dict) -> str:
           f"## build: {'ok' if build['ok'] else 'FAILED'} ({build['seconds']} s)"]
     if build["error"]:
         md.append(f"error: {build['error']}")
+    md += [f"- self-test: {build.get('self_test', 'n/a')}"]
     md += [f"- {k}: {v}" for k, v in build.items() if k.startswith("describe_")]
+    att = report["attention"]
+    md += ["", f"## attention: {'ok' if att['ok'] else 'CHECK'}"]
+    if "error" in att:
+        md.append(att["error"])
+    for c in att["choices"]:
+        why = "; ".join(f"{k}: {v}" for k, v in c["rejected"].items() if not v.startswith("not "))
+        md.append(f"- {c['model']} {c['dtype']}: {c['backend']}" + (f" (dropped: {why})" if why else ""))
     md += ["", f"## tests: {'ok' if tests['ok'] else 'FAILED'} ({tests['seconds']} s): {tests['summary']}"]
     md += [f"- {ln}" for ln in tests["failures"] + tests["skips"]]
     md += ["", f"## bench: {'ok' if bench['ok'] else 'FAILED'} ({bench['seconds']} s)"]
@@ -165,6 +209,7 @@ def main(argv=None) -> int:
     if args.wheels:
         report["env"]["wheels"] = _install_wheels(Path(args.wheels))
     report["build"] = _build()
+    report["attention"] = _attention()
     skipped = {"ok": True, "seconds": 0, "summary": "skipped", "failures": [], "skips": []}
     report["tests"] = skipped if args.skip_tests else _pytest(out, args.test_timeout)
     report["bench"] = ({"ok": True, "seconds": 0, "records": []} if args.skip_bench
@@ -173,7 +218,7 @@ def main(argv=None) -> int:
     md = _markdown(report)
     (out / "gpu_check.md").write_text(md + "\n")
     print(md)
-    return 0 if all(report[k]["ok"] for k in ("build", "tests", "bench")) else 1
+    return 0 if all(report[k]["ok"] for k in ("build", "attention", "tests", "bench")) else 1
 
 
 if __name__ == "__main__":

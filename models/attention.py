@@ -5,14 +5,21 @@
 Invariant: the causal mask is aligned bottom-right. Query i of a sequence with lq queries and
 lk keys sees keys j <= i + lk - lq (lq == lk is plain causal; lq < lk is compact mode, where the
 queries are the last lq tokens of the sequence). A GPU kernel is only used after a probe at
-build time shows it implements exactly that alignment; otherwise the portable path is used.
+build time shows it implements exactly that alignment (models/attention_select.py).
+
+The two portable paths here run on any device:
+- ``sdpa_varlen``: one SDPA call per run of equal-shape sequences (views, no copies). Fastest on
+  CPU; on a GPU a compact batch, where owners rarely share (lq, lk), is one small launch each.
+- ``sdpa_padded``: sequences padded into a few [b, H, Lq, Lk] batches with bool masks built once
+  per batch on the host (``AttnMeta.padded``): one SDPA call per layer in the common case.
 """
 from __future__ import annotations
 
-import inspect
-import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable
+
+import numpy as np
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +38,16 @@ class AttnMeta:
     # for the portable path (not once per layer).
     runs: tuple[tuple[int, int, int, int, int], ...]  # (q0, k0, count, lq, lk)
 
+    @cached_property
+    def padded(self) -> "PaddedPlan":
+        """The padded layout for ``sdpa_padded``: built on the host on first use, once per batch.
+
+        NOTE: cached on the instance (a frozen dataclass still has a __dict__), so the first
+        layer pays it and every later layer reuses it; the copies to the device are non-blocking.
+        """
+        return padded_plan(self.host_cu_seqlens_q, self.host_cu_seqlens_k,
+                           self.cu_seqlens_q.device)
+
 
 AttnFn = Callable[..., Tensor]
 
@@ -39,6 +56,8 @@ AttnFn = Callable[..., Tensor]
 class AttentionBackend:
     name: str
     fn: AttnFn
+    # Why each other backend is not the one running: {name: reason} (start-up log, /info).
+    rejected: dict[str, str] = field(default_factory=dict, compare=False)
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float) -> Tensor:
         return self.fn(q, k, v, meta, scale=scale)
@@ -95,54 +114,6 @@ def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
 
 
-def _flash_attn_fn() -> AttnFn | None:
-    try:
-        from flash_attn import flash_attn_varlen_func
-    except Exception:
-        return None
-
-    def flash(q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float) -> Tensor:
-        # flash-attn >= 2.1 aligns the causal mask bottom-right (checked by the build probe).
-        return flash_attn_varlen_func(q, k, v, meta.cu_seqlens_q, meta.cu_seqlens_k,
-                                      meta.max_seqlen_q, meta.max_seqlen_k,
-                                      softmax_scale=scale, causal=True)
-
-    return flash
-
-
-def _torch_varlen_fn() -> AttnFn | None:
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except Exception:
-        return None
-    params = inspect.signature(varlen_attn).parameters
-    extra: dict = {}
-    if "window_size" in params:  # torch >= 2.12: causal is window (-1, 0)
-        extra["window_size"] = (-1, 0)
-    elif "is_causal" in params:  # torch 2.11
-        extra["is_causal"] = True
-    else:
-        return None
-    native_gqa = "enable_gqa" in params
-    takes_scale = "scale" in params  # NOTE: not every release has it; its default is D**-0.5
-
-    def torch_varlen(q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float) -> Tensor:
-        kw = dict(extra)
-        if native_gqa:
-            kw["enable_gqa"] = k.shape[1] != q.shape[1]
-        else:
-            group = q.shape[1] // k.shape[1]
-            k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-        if takes_scale:
-            kw["scale"] = scale
-        elif not math.isclose(scale, q.shape[-1] ** -0.5, rel_tol=1e-6):
-            raise ValueError(f"this torch's varlen_attn has no scale argument (got {scale})")
-        return varlen_attn(q, k, v, meta.cu_seqlens_q, meta.cu_seqlens_k,
-                           meta.max_seqlen_q, meta.max_seqlen_k, **kw)
-
-    return torch_varlen
-
-
 def to_device(t: Tensor, device: torch.device) -> Tensor:
     """A host tensor on `device`: on CUDA through pinned memory, without blocking the host."""
     if device.type == "cuda":
@@ -164,37 +135,107 @@ def make_meta(cu_q, cu_k, device: torch.device | str) -> AttnMeta:
     )
 
 
-def _probe(fn: AttnFn, device: torch.device, dtype: torch.dtype) -> bool:
-    """Does `fn` run here and match the portable path, bottom-right mask and GQA included?"""
-    try:
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        cu_q, cu_k = [0, 5, 8, 15], [0, 9, 17, 24]  # lq < lk twice, then lq == lk
-        q = torch.randn(15, 4, 64, generator=gen).to(device, dtype)
-        k = torch.randn(24, 2, 64, generator=gen).to(device, dtype)
-        v = torch.randn(24, 2, 64, generator=gen).to(device, dtype)
-        meta = make_meta(cu_q, cu_k, device)
-        got = fn(q, k, v, meta, scale=0.125).float()
-        want = sdpa_varlen(q.float(), k.float(), v.float(), meta, scale=0.125)
-        return bool((got - want).abs().max() < 2e-2)
-    except Exception:
-        return False
+@dataclass(frozen=True)
+class PaddedBucket:
+    """Sequences padded to one [b, Lq, Lk] shape; row indices into the packed q and k/v."""
+    q_index: Tensor  # [b*Lq] int64 packed q row of each padded query slot (0 in padding)
+    k_index: Tensor  # [b*Lk] int64 packed k/v row of each padded key slot (0 in padding)
+    mask: Tensor  # [b, 1, Lq, Lk] bool, bottom-right causal; padding queries see key 0 only
+    out_index: Tensor  # [rows] int64 padded slots that hold real queries, in q_rows order
+    q_rows: Tensor  # [rows] int64 the packed q rows those slots answer
+    shape: tuple[int, int, int]  # (b, Lq, Lk)
 
 
-def select_backend(device: torch.device | str, *, prefer: str | None = None,
-                   dtype: torch.dtype = torch.bfloat16) -> AttentionBackend:
-    """The attention implementation for `device`: flash-attn, torch varlen, or portable SDPA."""
-    device = torch.device(device)
-    candidates: list[tuple[str, AttnFn | None]] = []
-    # NOTE: the fused varlen kernels take fp16/bf16 only; fp32 on CUDA uses the portable path.
-    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
-        candidates = [("flash-attn", _flash_attn_fn()), ("torch-varlen", _torch_varlen_fn())]
-    if prefer is not None:
-        candidates = [c for c in candidates if c[0] == prefer]
-        if prefer != "sdpa" and not candidates:
-            raise ValueError(f"attention backend {prefer!r} is not available on {device}")
-    for name, fn in candidates:
-        if fn is not None and _probe(fn, device, dtype):
-            return AttentionBackend(name, fn)
-    if prefer not in (None, "sdpa"):
-        raise ValueError(f"attention backend {prefer!r} failed its bottom-right causal probe")
-    return AttentionBackend("sdpa", sdpa_varlen)
+@dataclass(frozen=True)
+class PaddedPlan:
+    buckets: tuple[PaddedBucket, ...]
+    rows: int  # Tq
+    whole: bool  # one bucket whose out_index lists every q row in order: no scatter needed
+
+
+MAX_PAD_FACTOR = 4.0  # a bucket's padded score cells stay <= this x its real ones
+
+
+def _bucket_groups(lq: np.ndarray, lk: np.ndarray) -> list[np.ndarray]:
+    """Which sequences share a padded call: greedy over sequences sorted by (lq, lk) descending,
+    a bucket grows while its padded score cells stay <= MAX_PAD_FACTOR x its real ones.
+
+    So padding never costs more than MAX_PAD_FACTOR x the unpadded work (memory and FLOPs), and a
+    batch of similar shapes, or compact mode's one long owner plus many short ones, is one or two
+    calls. Host-side, once per batch: a loop over sequences, never over tokens.
+    """
+    live = np.flatnonzero(lq > 0)
+    order = live[np.lexsort((-lk[live], -lq[live]))]
+    groups: list[list[int]] = []
+    max_q = max_k = real = 0
+    for s in order.tolist():
+        a, b = int(lq[s]), int(lk[s])
+        if groups:
+            n = len(groups[-1]) + 1
+            if n * max(max_q, a) * max(max_k, b) <= MAX_PAD_FACTOR * (real + a * b):
+                groups[-1].append(s)
+                max_q, max_k, real = max(max_q, a), max(max_k, b), real + a * b
+                continue
+        groups.append([s])
+        max_q, max_k, real = a, b, a * b
+    return [np.sort(np.asarray(g, np.int64)) for g in groups]  # packed order inside a bucket
+
+
+def padded_plan(cu_q, cu_k, device: torch.device) -> PaddedPlan:
+    """Host-side (numpy) padded layout of a varlen batch; see ``sdpa_padded``."""
+    cq, ck = np.asarray(cu_q, np.int64), np.asarray(cu_k, np.int64)
+    lq, lk = np.diff(cq), np.diff(ck)
+    buckets, host_rows = [], []
+    for seqs in _bucket_groups(lq, lk):
+        b, mq, mk = len(seqs), int(lq[seqs].max()), int(lk[seqs].max())
+        i = np.arange(mq)[None, :]  # [1, Lq]
+        j = np.arange(mk)[None, :]  # [1, Lk]
+        q_ok = i < lq[seqs, None]  # [b, Lq]
+        k_ok = j < lk[seqs, None]  # [b, Lk]
+        q_index = np.where(q_ok, cq[seqs, None] + i, 0)
+        k_index = np.where(k_ok, ck[seqs, None] + j, 0)
+        # bottom-right: query i of (lq, lk) sees key j <= i + lk - lq, and only real keys.
+        mask = (j[:, None, :] <= (i[0][None, :, None] + (lk - lq)[seqs, None, None])) & k_ok[:, None, :]
+        mask &= q_ok[:, :, None]
+        mask[:, :, 0] |= ~q_ok  # padding queries see key 0: finite rows, discarded after
+        out_index = np.flatnonzero(q_ok.reshape(-1))
+        q_rows = q_index.reshape(-1)[out_index]
+        host_rows.append(q_rows)
+        buckets.append(PaddedBucket(
+            q_index=to_device(torch.from_numpy(q_index.reshape(-1)), device),
+            k_index=to_device(torch.from_numpy(k_index.reshape(-1)), device),
+            mask=to_device(torch.from_numpy(np.ascontiguousarray(mask[:, None])), device),
+            out_index=to_device(torch.from_numpy(out_index), device),
+            q_rows=to_device(torch.from_numpy(q_rows), device), shape=(b, mq, mk)))
+    rows = int(cq[-1])
+    whole = len(host_rows) == 1 and np.array_equal(host_rows[0], np.arange(rows))
+    return PaddedPlan(tuple(buckets), rows, whole)
+
+
+def sdpa_padded(q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float) -> Tensor:
+    """Padded batched SDPA: one call per bucket of ``meta.padded`` (one in the common case).
+
+    Needs no fused varlen kernel, so it runs in fp32 on CUDA and on the CPU alike; the masks
+    and indices come from the host once per batch, so a layer is gathers + one SDPA + a gather.
+    """
+    plan = meta.padded
+    heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
+    group = heads // kv_heads
+    out = None if plan.whole else q.new_zeros(q.shape)
+    for bk in plan.buckets:
+        b, lq, lk = bk.shape
+        qs = q.index_select(0, bk.q_index).view(b, lq, heads, dim).transpose(1, 2)  # [b, H, Lq, D]
+        ks = k.index_select(0, bk.k_index).view(b, lk, kv_heads, dim).transpose(1, 2)  # [b, Hkv, Lk, D]
+        vs = v.index_select(0, bk.k_index).view(b, lk, kv_heads, dim).transpose(1, 2)
+        if group > 1:  # NOTE: as in sdpa_varlen, enable_gqa would drop CPU SDPA to its math path
+            ks = ks.repeat_interleave(group, dim=1)  # [b, H, Lk, D]
+            vs = vs.repeat_interleave(group, dim=1)
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bk.mask, scale=scale)
+        o = o.transpose(1, 2).reshape(b * lq, heads, dim).index_select(0, bk.out_index)  # [rows, H, D]
+        if plan.whole:
+            return o
+        out = out.index_copy(0, bk.q_rows, o)
+    return out if out is not None else q.new_empty((0, heads, dim))
+
+
+PORTABLE = {"sdpa": sdpa_varlen, "sdpa-padded": sdpa_padded}

@@ -1,8 +1,10 @@
 """Finding a checkpoint and loading its weights by a name walk.
 
 Invariant: module attribute names are checkpoint names, so loading is "strip an optional
-`model.` prefix, then assign". Every parameter the model declares must be found in the
-checkpoint (a clear error lists the missing ones); extra checkpoint keys are ignored.
+`model.` prefix, then assign", except the fused projections in FUSED, whose parameter is the
+concatenation (along output rows, dim 0) of the checkpoint tensors it replaces. Every parameter
+the model declares must be found in the checkpoint (a clear error lists the missing checkpoint
+names); extra checkpoint keys are ignored.
 """
 from __future__ import annotations
 
@@ -75,6 +77,42 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     raise FileNotFoundError(f"no model.safetensors or model.safetensors.index.json in {model_dir}")
 
 
+# Fused module name -> the checkpoint modules it concatenates, in row order.
+FUSED = {
+    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "gate_up_proj": ("gate_proj", "up_proj"),
+}
+
+
+def checkpoint_names(param: str) -> tuple[str, ...]:
+    """The checkpoint tensors behind a model parameter, in the order they are concatenated.
+
+    "layers.0.self_attn.qkv_proj.weight" -> (".q_proj.weight", ".k_proj.weight", ".v_proj.weight"
+    under the same prefix); an unfused name maps to itself.
+    """
+    *path, module, leaf = param.split(".")
+    if module not in FUSED:
+        return (param,)
+    return tuple(".".join([*path, part, leaf]) for part in FUSED[module])
+
+
+def checkpoint_rows(model: nn.Module, name: str) -> tuple[str, int, int]:
+    """(model parameter, first row, row count) that hold checkpoint tensor `name`.
+
+    E.g. "layers.0.self_attn.k_proj.weight" -> ("layers.0.self_attn.qkv_proj.weight", H*D, Hkv*D).
+    The fused module's parent declares the row counts (`fused_rows`). Narrow the parameter, or
+    its .grad, with these to compare against the unfused model.
+    """
+    *path, part, leaf = name.split(".")
+    for fused, parts in FUSED.items():
+        if part in parts:
+            sizes = model.get_submodule(".".join(path)).fused_rows[fused]
+            k = parts.index(part)
+            return ".".join([*path, fused, leaf]), sum(sizes[:k]), sizes[k]
+    param = model.get_parameter(name)
+    return name, 0, param.shape[0] if param.dim() else 1
+
+
 def _strip(name: str) -> str:
     return name[len("model."):] if name.startswith("model.") else name
 
@@ -84,16 +122,23 @@ def load_weights(model: nn.Module, model_dir: str | Path, *, device: torch.devic
     """Assign checkpoint tensors to `model`'s parameters (which may live on the meta device)."""
     from safetensors import safe_open
 
-    wanted = {name for name, _ in model.named_parameters()}
-    state: dict[str, torch.Tensor] = {}
+    sources = {name: checkpoint_names(name) for name, _ in model.named_parameters()}
+    wanted = {ckpt for parts in sources.values() for ckpt in parts}
+    found: dict[str, torch.Tensor] = {}
     for file in checkpoint_files(Path(model_dir)):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for key in f.keys():
                 name = _strip(key)
-                if name in wanted and name not in state:
-                    state[name] = f.get_tensor(key).to(device=device, dtype=dtype)
-    missing = sorted(wanted - state.keys())
+                if name in wanted and name not in found:
+                    found[name] = f.get_tensor(key).to(device=device, dtype=dtype)
+    missing = sorted(wanted - found.keys())
     if missing:
         shown = ", ".join(missing[:10]) + (f" ... ({len(missing)} in all)" if len(missing) > 10 else "")
         raise KeyError(f"checkpoint {model_dir} lacks weights: {shown}")
+    state = {}
+    for name, parts in sources.items():
+        # NOTE: pop as we go so a fused parameter does not keep its parts alive (peak memory).
+        tensors = [found.pop(part) for part in parts]
+        state[name] = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
+        del tensors
     model.load_state_dict(state, strict=False, assign=True)

@@ -8,8 +8,11 @@ on the N' compact rows and only attention sees sequences:
              there, the output is gathered back to N' rows (gather).
 - "compact": T = N' rows; queries stay compact (each owner's block is a suffix of it), K/V are
              gathered per owner to its full length (kv_index), causal mask aligned bottom-right.
-             With a prefix cache, cached nodes are not rows at all: their K/V come from the pool.
-Module attribute names are the checkpoint's, so loading is a name walk (models/loader.py).
+With a prefix cache, cached nodes are not rows at all: their K/V come from the pool.
+Module attribute names are the checkpoint's, so loading is a name walk (models/loader.py), except
+two fused projections named as vLLM/SGLang name them: `qkv_proj` = [q_proj | k_proj | v_proj] and
+`gate_up_proj` = [gate_proj | up_proj], concatenated along the output rows at load time (one GEMM
+instead of three and two).
 """
 from __future__ import annotations
 
@@ -30,31 +33,51 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: Tensor) -> Tensor:
-        # NOTE: normalise in fp32, cast back before the weight, exactly as transformers does.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return rms_norm(x, self.weight, self.eps)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x [..., D] normalised over D, times weight ([D], or any shape broadcasting to x's).
+
+    NOTE: normalise in fp32 and cast back *before* the weight, exactly as transformers does; in
+    fp32 that is one fused op (weight folded in when it has x's last-dim shape).
+    """
+    dim = x.shape[-1]
+    if x.dtype == torch.float32:
+        if weight.shape == (dim,):
+            return F.rms_norm(x, (dim,), weight, eps)
+        return F.rms_norm(x, (dim,), None, eps) * weight
+    return F.rms_norm(x.float(), (dim,), None, eps).to(x.dtype) * weight
 
 
 class Rotary:
-    """Precomputed cos/sin [P, D/2] (fp32), indexed by positions; not a parameter."""
+    """Precomputed cos/sin tables [P, D] (fp32), indexed by positions once per forward.
+
+    The tables are laid out for ``apply_rotary``: cos repeated over both halves, sin negated on
+    the first half, so rotation is three ops: x * cos + swap_halves(x) * sin.
+    """
 
     def __init__(self, cfg: ModelConfig, device: torch.device):
         inv_freq = rope_inv_freq(cfg).to(device)  # [D/2]
         pos = torch.arange(cfg.max_position_embeddings, device=device, dtype=torch.float)
         freqs = pos[:, None] * inv_freq[None, :]  # [P, D/2]
-        self.cos, self.sin = freqs.cos(), freqs.sin()
+        cos, sin = freqs.cos(), freqs.sin()
+        self.cos = torch.cat((cos, cos), dim=-1)  # [P, D]
+        self.sin = torch.cat((-sin, sin), dim=-1)  # [P, D]
 
     def __call__(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        cos = self.cos.index_select(0, positions).to(dtype)[:, None, :]  # [T, 1, D/2]
+        cos = self.cos.index_select(0, positions).to(dtype)[:, None, :]  # [T, 1, D]
         sin = self.sin.index_select(0, positions).to(dtype)[:, None, :]
         return cos, sin
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [T, H, D] rotated by half-split pairs (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin)."""
-    x1, x2 = x.chunk(2, dim=-1)  # [T, H, D/2] each
-    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+    """x [T, H, D] rotated by half-split pairs (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin).
+
+    cos/sin [T, 1, D] come from ``Rotary`` (sin carries the minus sign on the first half).
+    """
+    x1, x2 = x.chunk(2, dim=-1)  # [T, H, D/2] views
+    return torch.addcmul(x * cos, torch.cat((x2, x1), dim=-1), sin)
 
 
 class Attention(nn.Module):
@@ -63,9 +86,9 @@ class Attention(nn.Module):
         self.heads, self.kv_heads, self.head_dim = (cfg.num_attention_heads,
                                                     cfg.num_key_value_heads, cfg.head_dim)
         e, hd = cfg.hidden_size, cfg.head_dim
-        self.q_proj = nn.Linear(e, self.heads * hd, bias=cfg.qkv_bias)
-        self.k_proj = nn.Linear(e, self.kv_heads * hd, bias=cfg.qkv_bias)
-        self.v_proj = nn.Linear(e, self.kv_heads * hd, bias=cfg.qkv_bias)
+        # One GEMM for Q, K and V: rows [q | k | v] (models/loader.py concatenates q/k/v_proj).
+        self.qkv_proj = nn.Linear(e, (self.heads + 2 * self.kv_heads) * hd, bias=cfg.qkv_bias)
+        self.fused_rows = {"qkv_proj": (self.heads * hd, self.kv_heads * hd, self.kv_heads * hd)}
         self.o_proj = nn.Linear(self.heads * hd, e, bias=cfg.o_bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
@@ -75,13 +98,15 @@ class Attention(nn.Module):
         self.kernels = kernels
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], batch: ForwardBatch) -> Tensor:
-        t = x.shape[0]
-        q = self.q_proj(x).view(t, self.heads, self.head_dim)  # [T, H, D]
-        k = self.k_proj(x).view(t, self.kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = self.v_proj(x).view(t, self.kv_heads, self.head_dim)  # [T, Hkv, D]
-        if self.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        t, h = x.shape[0], self.heads
+        qkv = self.qkv_proj(x).view(t, h + 2 * self.kv_heads, self.head_dim)  # [T, H+2Hkv, D]
+        qk, v = qkv[:, :h + self.kv_heads], qkv[:, h + self.kv_heads:]  # views [T, H+Hkv, D], [T, Hkv, D]
+        if self.qk_norm:  # q and k normalised together: one norm, per-head weights [H+Hkv, D]
+            weight = torch.cat((self.q_norm.weight.expand(h, -1),
+                                self.k_norm.weight.expand(self.kv_heads, -1)))
+            qk = rms_norm(qk, weight, self.q_norm.eps)
+        qk = apply_rotary(qk, *rope)  # [T, H+Hkv, D], q and k rotated together
+        q, k = qk[:, :h], qk[:, h:]  # row-strided views; the gathers and backends take them
         o = self.attend(q, k, v, batch)  # [T, H, D]
         return self.o_proj(o.reshape(t, self.heads * self.head_dim))  # [T, E]
 
@@ -105,12 +130,15 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         e, i = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = nn.Linear(e, i, bias=cfg.mlp_bias)
-        self.up_proj = nn.Linear(e, i, bias=cfg.mlp_bias)
+        # One GEMM for gate and up: rows [gate | up] (models/loader.py concatenates them).
+        self.gate_up_proj = nn.Linear(e, 2 * i, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(i, e, bias=cfg.mlp_bias)
+        self.intermediate = i
+        self.fused_rows = {"gate_up_proj": (i, i)}
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # SwiGLU
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)  # [T, I] views
+        return self.down_proj(F.silu(gate) * up)  # SwiGLU
 
 
 class DecoderLayer(nn.Module):

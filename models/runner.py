@@ -9,16 +9,20 @@ otherwise.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer
 
 import kernels
-from models.attention import select_backend
+from models.attention_select import select_backend
 from models.batch import ForwardBatch, build_forward_batch
 from models.config import ModelConfig
 from models.loader import default_device, load_weights, parse_dtype, resolve_model_dir
@@ -29,7 +33,7 @@ from models.radix import build_index, positions_from_cu_seqlens
 
 KINDS = ("embedding", "reranker")
 RADIX_ATTENTION = ("compact", "paper")
-log = logging.getLogger("radixserve.models")
+log = logging.getLogger(__name__)
 _POOLING_KEYS = (("pooling_mode_lasttoken", "last-token"), ("pooling_mode_mean_tokens", "mean"),
                  ("pooling_mode_cls_token", "cls"))
 
@@ -72,6 +76,15 @@ class Runner:
     no_id: int | None = None
     radix_threshold: float = 0.95  # the trie gate (see use_index)
     prefix_cache: PrefixCache | None = None  # None: off (size 0, or a mode it cannot serve)
+    # {backend: why it is not the one running} (start-up log, /info attention_backend_rejected)
+    attention_rejected: dict[str, str] = field(default_factory=dict)
+    warmup_ms: float | None = None
+
+    @property
+    def attention_report(self) -> dict:
+        """Which attention backend runs and why the others do not (for /info and logs)."""
+        return {"attention_backend": self.attention_backend,
+                "attention_backend_rejected": dict(self.attention_rejected)}
 
     def prepare(self, input_ids, cu_seqlens) -> PreparedBatch:
         """Host side: input_ids int [N], cu_seqlens int [B+1] -> everything the forward needs.
@@ -188,7 +201,11 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     kind = kind or detect_kind(model_dir, cfg)
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
 
-    backend = select_backend(device, dtype=dtype)
+    backend = select_backend(device, dtype=dtype, heads=cfg.num_attention_heads,
+                             kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+    log.info("attention backend %s on %s %s; not used: %s", backend.name, device,
+             str(dtype).replace("torch.", ""),
+             "; ".join(f"{k} ({v})" for k, v in backend.rejected.items()) or "none")
     ker = Kernels(backend, kernels.get_gather_rows(device), kernels.get_gather_rows_pair(device))
     with torch.device("meta"):
         model = Qwen3Model(cfg, ker, rope_device=device, lm_head=kind == "reranker")
@@ -205,14 +222,38 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     max_positions = cfg.max_position_embeddings
     if cfg.sliding_window is not None:  # beyond the window our full causal attention is wrong
         max_positions = min(max_positions, cfg.sliding_window)
-    return Runner(
+    runner = Runner(
         kind=kind, model_id=str(model_id), config=cfg, tokenizer=tokenizer, model=model,
         device=device, dtype=dtype, pooling=pooling,
         radix_attention=radix_attention, attention_backend=backend.name,
         kernels=kernels.describe(device), max_positions=max_positions,
         hidden_size=cfg.hidden_size, prompts=prompts, default_prompt_name=default_prompt_name,
         yes_id=yes_id, no_id=no_id, radix_threshold=float(radix_threshold), prefix_cache=prefix_cache,
+        attention_rejected=dict(backend.rejected),
     )
+    warm_up(runner)
+    return runner
+
+
+WARMUP_LENGTHS = (16, 16, 5)  # a few short sequences: every GEMM shape class, no real cost
+
+
+def warm_up(runner: Runner) -> float:
+    """One forward on a tiny batch before serving, so the first request does not pay cuBLAS
+    handles, allocator growth and lazy module set-up. Runs here, before any scheduler or
+    metrics exist, so it is never counted. Logs "warm-up" with its time; returns ms."""
+    lens = np.asarray(WARMUP_LENGTHS, np.int64)
+    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+    ids = np.arange(int(cu[-1]), dtype=np.int32) % max(1, runner.config.vocab_size)
+    t0 = time.perf_counter()
+    # NOTE: a copy without the prefix cache, so the warm-up's made-up tokens never enter the pool.
+    cold = dataclasses.replace(runner, prefix_cache=None)
+    cold.run(cold.prepare(ids, cu))  # .cpu() at the end waits for the device
+    runner.warmup_ms = (time.perf_counter() - t0) * 1e3
+    log.info("warm-up forward: %.1f ms (%d tokens, %s %s, attention %s)", runner.warmup_ms,
+             int(cu[-1]), runner.device, str(runner.dtype).replace("torch.", ""),
+             runner.attention_backend)
+    return runner.warmup_ms
 
 
 def _prefix_cache(cfg: ModelConfig, size, *, kind: str, pooling: str, radix_attention: str,

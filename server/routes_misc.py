@@ -81,6 +81,8 @@ def build_info(service: Service, *, config, max_input_length: int) -> dict:
         "max_client_batch_size": config.max_client_batch_size,
         "radix_mlp_threshold": config.radix_mlp_threshold,
         "radix_attention": runner.radix_attention,
+        "attention_backend": runner.attention_backend,  # which runs; why not the others:
+        "attention_backend_rejected": dict(getattr(runner, "attention_rejected", {})),
         "batching_policy": config.batching_policy,
         "version": version(),
     }

@@ -144,6 +144,8 @@ class Info(BaseModel):
     max_client_batch_size: int
     radix_mlp_threshold: float
     radix_attention: str
+    attention_backend: str
+    attention_backend_rejected: dict[str, str] = Field(default_factory=dict)
     batching_policy: str
     version: str
 

@@ -139,6 +139,25 @@ def test_flash_attn_build_arg(stages):
     assert any("${WITH_FLASH_ATTN}" in r and "flash-attn" in r for r in runs)
 
 
+def test_flash_attn_stage_has_arch_list_and_job_cap(stages):
+    """flash-attn compiles only for named archs (a subset of the kernels' list), with ninja and
+    a bounded number of compiler jobs: uncapped, it needs tens of GB of RAM."""
+    build = stages["cuda-build"]
+    args = {k: (v or "").strip('"') for k, v in args_of(build).items()}
+    flash_archs = args["FLASH_ATTN_CUDA_ARCHS"].split(";")
+    torch_archs = {a.replace(".", "") for a in env_of(build)["TORCH_CUDA_ARCH_LIST"].split(";")}
+    assert flash_archs and set(flash_archs) <= torch_archs, (flash_archs, torch_archs)
+    assert 1 <= int(args["MAX_JOBS"]) <= 8 and 1 <= int(args["NVCC_THREADS"]) <= 4
+    runs = [a for k, a in build["instrs"] if k == "RUN"]
+    flash = [i for i, r in enumerate(runs) if "flash-attn==" in r]
+    assert len(flash) == 1
+    run = runs[flash[0]]
+    for var in ("FLASH_ATTN_CUDA_ARCHS", "MAX_JOBS", "NVCC_THREADS"):
+        assert f"{var}=" in run and "${" + var + "}" in run, var
+    assert "--no-build-isolation" in run and "import flash_attn" in run  # fails the build, not a start
+    assert any("ninja" in r for r in runs[:flash[0]])  # without ninja the build is serial, hours
+
+
 def _torch_pin(text: str) -> str:
     pins = set(re.findall(r"\btorch==([0-9][\w.+]*)", text))
     assert len(pins) == 1, pins

@@ -135,3 +135,24 @@ def test_bf16_stored_checkpoint_runs_in_fp32_like_transformers(tiny_embedding_di
     assert (got - want).abs().max().item() < 1e-4
     # the weights really changed: bf16 rounding moves the embeddings off the fp32 fixture's
     assert (got - _embed(tiny_embedding_dir)).abs().max().item() > 1e-4
+
+
+def test_fused_projections_hold_the_checkpoint_tensors_row_for_row(tiny_embedding_dir):
+    """qkv_proj = [q_proj | k_proj | v_proj] and gate_up_proj = [gate_proj | up_proj], exactly."""
+    from models.loader import FUSED, checkpoint_names, checkpoint_rows
+
+    runner = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32")
+    model, tensors = runner.model, load_file(str(tiny_embedding_dir / "model.safetensors"))
+    params = dict(model.named_parameters())
+    unfused = {part for parts in FUSED.values() for part in parts}
+    assert not any(name.split(".")[-2] in unfused for name in params)
+    covered = set()
+    for name in params:
+        for ckpt in checkpoint_names(name):
+            fused, start, rows = checkpoint_rows(model, ckpt)
+            assert fused == name
+            assert torch.equal(params[fused].detach().narrow(0, start, rows), tensors[ckpt]), ckpt
+            covered.add(ckpt)
+    assert covered == set(tensors)  # every checkpoint tensor lands somewhere, exactly once
+    assert checkpoint_names("layers.3.mlp.gate_up_proj.weight") == (
+        "layers.3.mlp.gate_proj.weight", "layers.3.mlp.up_proj.weight")

@@ -262,7 +262,7 @@ def test_compute_tokens_count_only_what_was_computed(tiny_embedding_dir):
 
 
 def test_modes_the_cache_cannot_serve_turn_it_off(tiny_embedding_dir, caplog):
-    with caplog.at_level("INFO", logger="radixserve.models"):
+    with caplog.at_level("INFO", logger="models"):
         assert load_runner(str(tiny_embedding_dir), device="cpu", pooling="mean").prefix_cache is None
         assert load_runner(str(tiny_embedding_dir), device="cpu", radix_attention="paper").prefix_cache is None
         assert load_runner(str(tiny_embedding_dir), device="cpu", prefix_cache_size="0").prefix_cache is None

@@ -154,6 +154,8 @@ def test_info_health_docs(srv):
     # Every field the app builds reaches the client (the response model must not filter any out).
     app = srv.server.config.app
     assert info["batching_policy"] == app.state.config.batching_policy
+    assert info["attention_backend"] == "sdpa"  # CPU; the others say why they are not used
+    assert "needs CUDA" in info["attention_backend_rejected"]["flash-attn"]
     assert set(info) == set(app.state.info)
     assert httpx.get(srv.url + "/health").status_code == 200
     assert httpx.get(srv.url + "/docs").status_code == 200
