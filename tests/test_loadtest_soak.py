@@ -27,7 +27,7 @@ def test_soak_runs_a_bounded_mix_and_reports(tiny_embedding_dir, tmp_path):
     assert set(st["valid"]) <= {"200", "429"} and st["valid"].get("200", 0) > 0
     assert st["too_many_inputs"] == {"422": st["too_many_inputs"]["422"]}
     assert set(st["too_long"]) == {"422"} and set(st["malformed_json"]) == {"422"}
-    assert set(st["oversized_body"]) == {"413"}
+    assert set(st["oversized_body"]) <= {"413", "closed_early"}  # 413 before the body, then close
     assert set(st["disconnect_early"]) == set(st["disconnect_after_send"]) == {"closed"}
     samples = data["samples"]
     assert len(samples) >= 3 and all(s["health"] == 200 for s in samples)

