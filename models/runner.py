@@ -10,21 +10,31 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from tokenizers import Tokenizer
 
 import kernels
-from models.attention import select_backend
+from models.attention import select_backend, to_device
 from models.batch import ForwardBatch, build_forward_batch
 from models.config import ModelConfig
 from models.loader import default_device, load_weights, parse_dtype, resolve_model_dir
-from models.pooling import POOLINGS, pool, rerank_logits
+from models.pooling import POOLINGS, pool, rerank_logits, token_states
 from models.qwen3 import Kernels, Qwen3Model
 
 KINDS = ("embedding", "reranker")
 RADIX_ATTENTION = ("compact", "paper")
 _POOLING_KEYS = (("pooling_mode_lasttoken", "last-token"), ("pooling_mode_mean_tokens", "mean"),
                  ("pooling_mode_cls_token", "cls"))
+
+
+@dataclass(frozen=True)
+class TokenBatch:
+    """A ForwardBatch whose flagged items answer every token's final state, not a pooled one."""
+
+    forward: ForwardBatch
+    items: tuple[int, ...]  # the flagged items, in batch order
+    rows: torch.Tensor  # [sum of their lengths] int64 model row of each of their tokens
 
 
 @dataclass
@@ -47,27 +57,60 @@ class Runner:
     yes_id: int | None = None
     no_id: int | None = None
 
-    def prepare(self, input_ids, cu_seqlens, index=None) -> ForwardBatch:
-        """Host side: everything the forward needs, pinned and queued to the device."""
-        return build_forward_batch(
+    def prepare(self, input_ids, cu_seqlens, index=None, all_tokens=None) -> ForwardBatch | TokenBatch:
+        """Host side: everything the forward needs, pinned and queued to the device.
+
+        all_tokens: [B] bool, the items that want every token's state; any True gives a TokenBatch.
+        """
+        batch = build_forward_batch(
             input_ids, cu_seqlens, index, mode=self.radix_attention, device=self.device,
             mean_pooling=self.kind == "embedding" and self.pooling == "mean",
         )
+        mask = np.zeros(0, dtype=bool) if all_tokens is None else np.asarray(all_tokens, dtype=bool)
+        if not mask.any():
+            return batch
+        if mask.shape != (batch.num_seqs,):
+            raise ValueError(f"all_tokens has shape {mask.shape}, the batch {batch.num_seqs} sequences")
+        lens = np.asarray(batch.seq_lens, dtype=np.int64)  # [B]
+        # The model row of every original token: the index's scatter in radix modes.
+        rows_of = (np.arange(batch.num_tokens, dtype=np.int64) if batch.mode == "off"
+                   else np.asarray(index.scatter).astype(np.int64))  # [N]
+        rows = rows_of[np.repeat(mask, lens)]  # [sum of the flagged lengths]
+        return TokenBatch(batch, tuple(int(i) for i in np.flatnonzero(mask)),
+                          to_device(torch.from_numpy(np.ascontiguousarray(rows)), self.device))
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Differentiable pooled output on the device: [B, E] embeddings or [B] raw scores."""
         hidden = self.model(batch.input_ids, batch.positions, batch)  # [T, E]
+        return self._head(hidden, batch)
+
+    def _head(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         if self.kind == "reranker":
             return rerank_logits(self.model, hidden, batch, yes_id=self.yes_id, no_id=self.no_id)
         return pool(self.model, hidden, batch, self.pooling)
 
-    def run(self, batch: ForwardBatch) -> torch.Tensor:
-        """CPU float32: [B, E] pooled embeddings (not normalised) or [B] raw reranker scores."""
+    def run(self, batch: ForwardBatch | TokenBatch) -> torch.Tensor | list:
+        """CPU float32: [B, E] pooled embeddings (not normalised) or [B] raw reranker scores;
+        for a TokenBatch a list with one output per item, [L, E] for the flagged items."""
         with torch.inference_mode():
+            if isinstance(batch, TokenBatch):
+                return self._run_tokens(batch)
             if batch.num_seqs == 0:
                 shape = (0,) if self.kind == "reranker" else (0, self.hidden_size)
                 return torch.zeros(shape, dtype=torch.float32)
             return self.forward(batch).float().cpu()
+
+    def _run_tokens(self, tb: TokenBatch) -> list:
+        batch = tb.forward
+        hidden = self.model(batch.input_ids, batch.positions, batch)  # [T, E]
+        pooled = self._head(hidden, batch).float()  # [B, E] or [B]
+        states = token_states(self.model, hidden, tb.rows).float()  # [M, E]
+        pooled, states = pooled.cpu().numpy(), states.cpu().numpy()
+        out: list = [float(p) if pooled.ndim == 1 else p.copy() for p in pooled]
+        lens = [batch.seq_lens[i] for i in tb.items]
+        for i, part in zip(tb.items, np.split(states, np.cumsum(lens)[:-1])):
+            out[i] = part  # [L, E]
+        return out
 
 
 def detect_kind(model_dir: Path, cfg: ModelConfig) -> str:

@@ -21,6 +21,7 @@ class Entry:
     input_ids: list[int]
     arrival: float  # time.monotonic() when enqueued
     payload: object = field(default=None, repr=False)  # the scheduler's bookkeeping
+    all_tokens: bool = False  # answer every token's state [L, E], not the pooled one
     # Prefix policy bookkeeping: batches formed that passed this entry over for a later one, and
     # the cached sort key of its leading tokens (key bytes, key length).
     skips: int = field(default=0, repr=False, compare=False)

@@ -238,7 +238,9 @@ class Pipeline:
                     index = built
             trace.used_index = index is not None
             trace.n_compact = int(len(index.compact_ids)) if index is not None else n
-            forward = self.runner.prepare(input_ids, cu_seqlens, index=index)
+            mask = np.fromiter((e.all_tokens for e in entries), dtype=bool, count=len(entries))  # [B]
+            extra = {"all_tokens": mask} if mask.any() else {}  # NOTE: runners without it keep working
+            forward = self.runner.prepare(input_ids, cu_seqlens, index=index, **extra)
         except Exception as exc:  # noqa: BLE001 - fails this batch only
             log.exception("batch %d failed during preparation", trace.batch_id)
             trace.error = f"{type(exc).__name__}: {exc}"
@@ -306,9 +308,11 @@ class Pipeline:
             self.clock.forward_started(trace.forward_start, trace.n_compact)
         try:
             out = self.runner.run(batch.forward)
-            arr = np.asarray(out.detach().cpu() if hasattr(out, "detach") else out, dtype=np.float32)
-            if arr.shape[0] != len(batch.entries):
-                raise RuntimeError(f"runner returned {arr.shape[0]} rows for {len(batch.entries)} items")
+            # A list: one output per item (batches with all_tokens items); else [B] or [B, E].
+            arr = out if isinstance(out, list) else np.asarray(
+                out.detach().cpu() if hasattr(out, "detach") else out, dtype=np.float32)
+            if len(arr) != len(batch.entries):
+                raise RuntimeError(f"runner returned {len(arr)} rows for {len(batch.entries)} items")
         except Exception as exc:  # noqa: BLE001 - fails this batch only
             trace.forward_end = time.monotonic()
             self._forward_ended(trace)
@@ -324,5 +328,5 @@ class Pipeline:
             self.metrics.forward_duration.observe(forward_s)
         for i, e in enumerate(batch.entries):
             # [B] raw scores (rerankers) -> Python float; [B, E] pooled states -> own [E] copy.
-            value = float(arr[i]) if arr.ndim == 1 else arr[i].copy()
+            value = arr[i] if isinstance(arr, list) else float(arr[i]) if arr.ndim == 1 else arr[i].copy()
             self._resolve(e, (value, trace.forward_start - e.arrival, forward_s))

@@ -36,7 +36,7 @@ class ClientDisconnected(Exception):
 
 @dataclass
 class SubmitResult:
-    outputs: list  # np.ndarray [E] float32 per item (embeddings) or float raw score (rerankers)
+    outputs: list  # np.ndarray [E] float32 per item (embeddings), float raw score (rerankers), or [L, E] (all_tokens)
     queue_time_s: float  # max over items of (forward start - enqueue)
     inference_time_s: float  # max over the batches the items were in
     compute_tokens: int  # total tokens of the items
@@ -190,8 +190,11 @@ class Scheduler:
         self._waiting.discard(lambda e: e.payload.cancelled)
 
     # -- the event-loop side --------------------------------------------------------------------
-    async def submit(self, items: list[list[int]], *, is_disconnected=None) -> SubmitResult:
-        """Run ``items`` (token id lists, each 1..max_batch_tokens long) and return their outputs."""
+    async def submit(self, items: list[list[int]], *, is_disconnected=None, all_tokens: bool = False) -> SubmitResult:
+        """Run ``items`` (token id lists, each 1..max_batch_tokens long) and return their outputs.
+
+        ``all_tokens``: each output is the item's per-token states, np.ndarray [L, E] float32.
+        """
         if not items:
             raise ValueError("submit needs at least one item")
         for i, ids in enumerate(items):
@@ -201,7 +204,7 @@ class Scheduler:
         rid = next(self._request_ids)
         now = time.monotonic()
         tickets = [_Ticket(loop) for _ in items]
-        entries = [Entry(rid, list(ids), now, payload=t) for ids, t in zip(items, tickets)]
+        entries = [Entry(rid, list(ids), now, payload=t, all_tokens=all_tokens) for ids, t in zip(items, tickets)]
         with self._lock:
             if not self.alive:
                 raise WorkerDead("the model worker is not alive")

@@ -13,7 +13,11 @@ import hmac
 from server.errors import error_bytes
 
 # Inference routes; /info, /health, /metrics and the docs stay open.
-PROTECTED = frozenset({"/embed", "/v1/embeddings", "/embeddings", "/rerank", "/v1/rerank", "/tokenize"})
+PROTECTED = frozenset({"/embed", "/v1/embeddings", "/embeddings", "/rerank", "/v1/rerank", "/tokenize",
+                       "/invocations", "/similarity", "/embed_all", "/decode", "/v1/embed", "/v2/embed",
+                       "/v2/rerank"})
+# POST / is inference (TEI's dispatch); GET / is TEI's open health check.
+PROTECTED_POST = frozenset({"/"})
 
 
 class Permits:
@@ -49,7 +53,8 @@ class Guard:
             return
         path = scope.get("path", "")
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
-        if self.api_key is not None and path in PROTECTED and not self._authorized(headers):
+        protected = path in PROTECTED or (path in PROTECTED_POST and scope.get("method") == "POST")
+        if self.api_key is not None and protected and not self._authorized(headers):
             await self._reject(send, "unauthorized", "missing or wrong API key (Authorization: Bearer KEY)", path)
             return
         length = headers.get("content-length")

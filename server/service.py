@@ -98,8 +98,12 @@ class Service:
         return self.limits.auto_truncate if requested is None else requested
 
     # -- the path -------------------------------------------------------------------------------
-    async def serve(self, request: Request, *, method: str, start: float, n_items: int, make_items) -> Served:
-        """Admit ``n_items``, build token ids with ``await make_items()``, run them, time them."""
+    async def serve(self, request: Request, *, method: str, start: float, n_items: int, make_items,
+                    all_tokens: bool = False) -> Served:
+        """Admit ``n_items``, build token ids with ``await make_items()``, run them, time them.
+
+        ``all_tokens``: each output is the item's [L, E] per-token states instead of its pooled one.
+        """
         if not self.scheduler.alive:
             raise ApiError("unhealthy", "the model worker is not running")
         if not self.permits.try_acquire(n_items):
@@ -109,7 +113,7 @@ class Service:
             )
         try:
             items = await make_items()
-            result = await self._submit(request, items)
+            result = await self._submit(request, items, all_tokens=all_tokens)
         finally:
             self.permits.release(n_items)
         total = time.perf_counter() - start
@@ -126,9 +130,10 @@ class Service:
         }
         return Served(list(result.outputs), sum(len(i) for i in items), headers)
 
-    async def _submit(self, request: Request, items: Sequence[Sequence[int]]):
+    async def _submit(self, request: Request, items: Sequence[Sequence[int]], *, all_tokens: bool = False):
         """Await the scheduler; cancel the entries when the client goes away first."""
-        work = asyncio.ensure_future(self.scheduler.submit([list(i) for i in items]))
+        extra = {"all_tokens": True} if all_tokens else {}  # NOTE: pooled calls keep the plain signature
+        work = asyncio.ensure_future(self.scheduler.submit([list(i) for i in items], **extra))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
