@@ -102,17 +102,17 @@ def build_router(service: Service) -> APIRouter:
             payload.update(response_type="embeddings_by_type", embeddings=by_type)
         return JSONResponse(payload, headers=served.headers)
 
-    @router.post("/v1/embed", response_model=CohereEmbedResponse, tags=["Cohere"])
+    @router.post("/v1/embed", response_model=CohereEmbedResponse, tags=["Cohere/Jina"])
     async def embed_v1(body: CohereEmbedRequest, request: Request) -> JSONResponse:
         """Cohere v1 embed: texts, input_type, embedding_types (float/base64), output_dimension."""
         return await embed(body, request, version="1")
 
-    @router.post("/v2/embed", response_model=CohereEmbedResponse, tags=["Cohere"])
+    @router.post("/v2/embed", response_model=CohereEmbedResponse, tags=["Cohere/Jina"])
     async def embed_v2(body: CohereEmbedRequest, request: Request) -> JSONResponse:
         """Cohere v2 embed: as v1, answering embeddings by type (float unless embedding_types says)."""
         return await embed(body, request, version="2")
 
-    @router.post("/v2/rerank", response_model=CohereV2RerankResponse, tags=["Cohere"])
+    @router.post("/v2/rerank", response_model=CohereV2RerankResponse, tags=["Cohere/Jina"])
     async def rerank_v2(body: CohereV2RerankRequest, request: Request) -> JSONResponse:
         """Cohere v2 rerank: query + documents -> {id, results[{index, relevance_score}], meta}."""
         start = service.count("cohere_rerank_v2")
