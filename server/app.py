@@ -163,9 +163,6 @@ def create_app(config: ServerConfig, runner=None, scheduler=None) -> FastAPI:
     app.include_router(routes_cohere.build_router(service))
     app.include_router(routes_openai.build_router(model_name=config.model_name))
     install_docs(app, title="radixserve")
-    routes_tei.document_dispatch(app, kind=runner.kind)
-    # NOTE: inside Guard (added after it): POST / is dispatched after the key and size checks.
-    app.add_middleware(routes_tei.RootDispatch, kind=runner.kind)
     app.add_middleware(
         Guard, payload_limit=config.payload_limit, api_key=config.api_key, on_error=on_error,
         body_timeout_s=config.body_read_timeout,

@@ -20,6 +20,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from models import prompts
+from server.bodies import openapi_body, parse_body
 from server.errors import ApiError
 from server.routes_embed import finish, resolve_prompt
 from server.routes_rerank import ranked, sigmoid
@@ -66,10 +67,12 @@ def _meta(version: str, **billed) -> dict:
 
 def build_router(service: Service) -> APIRouter:
     router = APIRouter()
+    max_items = service.limits.max_client_batch_size
 
-    async def embed(body: CohereEmbedRequest, request: Request, *, version: str) -> JSONResponse:
+    async def embed(request: Request, *, version: str) -> JSONResponse:
         start = service.count(f"cohere_embed_v{version}")
         service.require("embedding", request.url.path)
+        body = await parse_body(request, CohereEmbedRequest, max_items=max_items)
         if body.images is not None or body.inputs is not None:
             raise ApiError("validation", "images and inputs are not supported; send texts")
         if body.texts is None:
@@ -102,21 +105,25 @@ def build_router(service: Service) -> APIRouter:
             payload.update(response_type="embeddings_by_type", embeddings=by_type)
         return JSONResponse(payload, headers=served.headers)
 
-    @router.post("/v1/embed", response_model=CohereEmbedResponse, tags=["Cohere/Jina"])
-    async def embed_v1(body: CohereEmbedRequest, request: Request) -> JSONResponse:
+    documented = openapi_body(CohereEmbedRequest)
+
+    @router.post("/v1/embed", response_model=CohereEmbedResponse, tags=["Cohere/Jina"], openapi_extra=documented)
+    async def embed_v1(request: Request) -> JSONResponse:
         """Cohere v1 embed: texts, input_type, embedding_types (float/base64), output_dimension."""
-        return await embed(body, request, version="1")
+        return await embed(request, version="1")
 
-    @router.post("/v2/embed", response_model=CohereEmbedResponse, tags=["Cohere/Jina"])
-    async def embed_v2(body: CohereEmbedRequest, request: Request) -> JSONResponse:
+    @router.post("/v2/embed", response_model=CohereEmbedResponse, tags=["Cohere/Jina"], openapi_extra=documented)
+    async def embed_v2(request: Request) -> JSONResponse:
         """Cohere v2 embed: as v1, answering embeddings by type (float unless embedding_types says)."""
-        return await embed(body, request, version="2")
+        return await embed(request, version="2")
 
-    @router.post("/v2/rerank", response_model=CohereV2RerankResponse, tags=["Cohere/Jina"])
-    async def rerank_v2(body: CohereV2RerankRequest, request: Request) -> JSONResponse:
+    @router.post("/v2/rerank", response_model=CohereV2RerankResponse, tags=["Cohere/Jina"],
+                 openapi_extra=openapi_body(CohereV2RerankRequest))
+    async def rerank_v2(request: Request) -> JSONResponse:
         """Cohere v2 rerank: query + documents -> {id, results[{index, relevance_score}], meta}."""
         start = service.count("cohere_rerank_v2")
         service.require("reranker", "/v2/rerank")
+        body = await parse_body(request, CohereV2RerankRequest, max_items=max_items)
         # NOTE: an empty document is scored (its templated input is not empty); an empty query is not.
         service.check_inputs(len(body.documents), empty=body.query == "", what="documents")
         truncate = service.truncate(None)

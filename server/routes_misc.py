@@ -73,14 +73,14 @@ def build_router(service: Service, *, info: dict) -> APIRouter:
     return router
 
 
-def model_sha(model_id: str, revision: str | None) -> str | None:
+def model_sha(model_id: str, revision: str | None, cache_dir: str | None = None) -> str | None:
     """The commit of the hub snapshot the model was loaded from (cache look-up only, offline)."""
     if Path(model_id).expanduser().is_dir():
         return None
     try:
         from huggingface_hub import try_to_load_from_cache
 
-        found = try_to_load_from_cache(model_id, "config.json", revision=revision)
+        found = try_to_load_from_cache(model_id, "config.json", revision=revision, cache_dir=cache_dir)
     except Exception:  # noqa: BLE001 - an id the cache cannot parse has no known commit
         return None
     if not isinstance(found, str):
@@ -91,13 +91,12 @@ def model_sha(model_id: str, revision: str | None) -> str | None:
 
 def build_info(service: Service, *, config, max_input_length: int) -> dict:
     runner = service.runner
-    workers = getattr(config, "tokenization_workers", None) or service.tok.executor._max_workers
     return {
         "model_id": config.model_id,
-        "model_sha": model_sha(config.model_id, config.revision),
+        "model_sha": model_sha(config.model_id, config.revision, config.huggingface_hub_cache),
         "served_model_name": config.model_name,
         "auto_truncate": config.auto_truncate,
-        "tokenization_workers": int(workers),
+        "tokenization_workers": service.tok.workers,  # the pool's real size (flag or default)
         "sha": None,
         "docker_label": None,
         "prompts": dict(runner.prompts or {}),

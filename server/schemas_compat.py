@@ -4,15 +4,16 @@ OpenAI's model list (pydantic v2).
 Same rules as server/schemas.py: strict types where coercion would hide a client bug, unknown
 fields ignored so SDKs that send extras (``priority``, ``max_tokens_per_doc``) keep working.
 A field we accept but cannot honour (Cohere ``images``, int8 embeddings) is refused in the route
-with a 422 that names it, never silently dropped.
+with a 422 that names it, never silently dropped. Each request body names the list that
+server/bodies.py counts before validation (``inputs_field``/``count_inputs``).
 """
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, Discriminator, Field, StrictBool, StrictInt, StrictStr, Tag
 
-from server.schemas import Direction, Info, _Body
+from server.schemas import Direction, Info, TokenIds, _Body
 
 
 # -- TEI ---------------------------------------------------------------------------------------
@@ -28,8 +29,17 @@ class SimilarityParameters(_Body):
 
 
 class SimilarityRequest(_Body):
+    inputs_name: ClassVar[str] = "sentences"
+
     inputs: SimilarityInput
     parameters: SimilarityParameters | None = None
+
+    @classmethod
+    def count_inputs(cls, data: dict) -> int:
+        """The source sentence plus each of ``inputs.sentences`` (each is one embedded input)."""
+        inputs = data.get("inputs")
+        sentences = inputs.get("sentences") if isinstance(inputs, dict) else None
+        return 1 + len(sentences) if isinstance(sentences, list) else 1
 
 
 class EmbedAllRequest(_Body):
@@ -39,9 +49,32 @@ class EmbedAllRequest(_Body):
     prompt_name: StrictStr | None = None
 
 
+def _ids_shape(value: Any) -> str | None:
+    """One id list or a batch of them, judged from the first item (None: neither)."""
+    if not isinstance(value, list):
+        return None
+    first = value[0] if value else 0
+    return "ids" if type(first) is int else "batch" if isinstance(first, list) else None
+
+
+# One branch validated per body (a plain Union collected one error per bad id of each branch).
+DecodeIds = Annotated[
+    Union[Annotated[TokenIds, Tag("ids")], Annotated[list[TokenIds], Tag("batch")]],
+    Discriminator(_ids_shape, custom_error_type="ids_shape",
+                  custom_error_message="ids must be a list of token ids or a list of token id lists"),
+]
+
+
 class DecodeRequest(_Body):
-    ids: Union[list[StrictInt], list[list[StrictInt]]]
+    inputs_field: ClassVar[str] = "ids"
+    inputs_name: ClassVar[str] = "id lists"
+
+    ids: DecodeIds
     skip_special_tokens: StrictBool = True
+
+    @classmethod
+    def count_inputs(cls, data: dict) -> int:
+        return len(data["ids"]) if _ids_shape(data.get("ids")) == "batch" else 1
 
 
 # -- Cohere ------------------------------------------------------------------------------------
@@ -49,6 +82,9 @@ CohereInputType = Literal["search_query", "search_document", "classification", "
 
 
 class CohereEmbedRequest(_Body):
+    inputs_field: ClassVar[str] = "texts"
+    inputs_name: ClassVar[str] = "texts"
+
     texts: list[StrictStr] | None = None
     images: list[StrictStr] | None = Field(None, description="not supported (text models): 422")
     inputs: list[dict] | None = Field(None, description="not supported: use texts")
@@ -62,6 +98,9 @@ class CohereEmbedRequest(_Body):
 
 
 class CohereV2RerankRequest(_Body):
+    inputs_field: ClassVar[str] = "documents"
+    inputs_name: ClassVar[str] = "documents"
+
     query: StrictStr
     documents: list[StrictStr]
     model: StrictStr | None = None

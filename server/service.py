@@ -36,7 +36,7 @@ class Limits:
     max_input_length: int
     max_client_batch_size: int
     auto_truncate: bool
-    max_display_tokens: int = 16384  # tokens one /tokenize answer may hold (the server sets max_batch_tokens)
+    max_display_tokens: int = 16384  # tokens one /tokenize or /embed_all answer may hold (= max_batch_tokens)
 
 
 @dataclass

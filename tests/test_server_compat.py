@@ -187,7 +187,9 @@ def test_reranker_root_and_cohere_v2(rr_srv):
     docs = ["paris is the capital of france", "", "berlin is in germany", "cooking pasta"]
     native = post(rr_srv, "/rerank", {"query": "capital of france", "texts": [d or "x" for d in docs]}).json()
     root = post(rr_srv, "/", {"query": "capital of france", "texts": [d or "x" for d in docs]}).json()
-    assert root == native
+    # NOTE: not bit-equal: the second request reads the shared prefix's K/V from the prefix cache.
+    assert [x["index"] for x in root] == [x["index"] for x in native]
+    np.testing.assert_allclose([x["score"] for x in root], [x["score"] for x in native], atol=1e-6)
     r = post(rr_srv, "/v2/rerank", {"query": "capital of france", "documents": docs, "top_n": 3,
                                     "model": "whatever", "max_tokens_per_doc": 4096})
     assert r.status_code == 200, r.text
