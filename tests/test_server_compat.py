@@ -230,3 +230,29 @@ def test_openapi_lists_every_route(emb_srv):
         assert method in paths.get(path, {}), (path, method)
     body = paths["/"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     assert len(body["oneOf"]) == 2  # /embed's body or /similarity's
+
+
+def test_compat_bodies_are_bounded(tiny_embedding_dir):
+    """Counts checked by the body parser before validation; /embed_all's answer capped in tokens."""
+    srv = _serve(tiny_embedding_dir, max_batch_tokens=64, max_client_batch_size=4, max_concurrent_requests=8)
+    try:
+        five = ["a b c"] * 5
+        for path, body, what in (("/decode", {"ids": [[1]] * 5}, "id lists"),
+                                 ("/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"] * 4}},
+                                  "sentences"),
+                                 ("/", {"inputs": {"source_sentence": "a", "sentences": ["b"] * 4}}, "sentences"),
+                                 ("/", {"inputs": five}, "inputs"), ("/embed_all", {"inputs": five}, "inputs"),
+                                 ("/v1/embed", {"texts": five}, "texts"), ("/v2/embed", {"texts": five}, "texts")):
+            r = post(srv, path, body)
+            error = r.json()["error"]  # TEI's {"error": str} or, under /v1, OpenAI's {"error": {"message"}}
+            message = error["message"] if isinstance(error, dict) else error
+            assert r.status_code == 422 and f"5 {what} in one request" in message, (path, r.text)
+        ok = post(srv, "/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"] * 3}})
+        assert ok.status_code == 200, ok.text
+        long = post(srv, "/embed_all", {"inputs": [" ".join(["word"] * 30)] * 3})  # ~93 tokens > 64
+        assert long.status_code == 422 and "more than the maximum of 64" in long.json()["error"], long.text
+        assert post(srv, "/decode", {"ids": [[1, "x"]]}).status_code == 422
+        bad = httpx.post(srv.url + "/", content=b"{not json", headers={"content-type": "application/json"})
+        assert bad.status_code == 422 and bad.json()["error_type"] == "Validation"
+    finally:
+        srv.stop()
