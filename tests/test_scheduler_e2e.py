@@ -98,7 +98,10 @@ def test_scheduled_results_match_direct_runner(tiny_embedding_dir):
 def test_runner_prepare_builds_and_gates_the_trie(tiny_embedding_dir, threshold, monkeypatch):
     import models
 
-    runner = models.load_runner(str(tiny_embedding_dir), device="cpu", radix_threshold=threshold)
+    # NOTE: no prefix cache: with one, a batch the gate keeps off the trie still runs in compact
+    # mode (one node per token) so that it can read and write the pool.
+    runner = models.load_runner(str(tiny_embedding_dir), device="cpu", radix_threshold=threshold,
+                                prefix_cache_size=0)
     built = []
     monkeypatch.setattr(runner_module, "build_index", lambda *a: built.append(build_index(*a)) or built[-1])
     shared = [[5, 6, 7, 8, 9], [5, 6, 7, 1], [5, 6, 2, 3, 4, 4]]  # N'/N 12/15 = 0.8
