@@ -2,8 +2,9 @@
 with the server's health sampled over time.
 
 C workers cycle through a fixed mix (valid requests, too many inputs, too long without
-truncation, malformed JSON, a wrong content type, a body padded past the default payload limit,
-and two kinds of client disconnect); every ``interval`` seconds a sampler records the server's
+truncation, malformed JSON, a wrong content type, a body announced past the default payload limit
+(the answer is read before any body byte is sent, see ``_oversized``), and two kinds of client
+disconnect); every ``interval`` seconds a sampler records the server's
 RSS and open fds (from /proc/PID when ``--pid`` is given, else from /metrics ``process_*`` series
 when the server exports them) and re-embeds (or re-scores) fixed inputs, which must stay within
 1e-5 of the first answer. Writes soak.json and soak.md. Bounds: loopback targets only; it stops by
@@ -126,6 +127,32 @@ def _body(which: str, kind: str, info: dict, i: int) -> tuple[str, bytes, str]:
     return route, json.dumps(payload).encode(), "application/json"
 
 
+async def _oversized(url: str, route: str, length: int, *, timeout_s: float) -> str:
+    """Announce a ``length``-byte body and read the answer's status before sending any of it.
+
+    NOTE: a server that refuses from Content-Length answers and closes without reading the body;
+    a client still writing it then races the kernel, which resets a socket closed with unread data
+    (the client may see the reset, not the 413). Reading first measures the refusal, not that race.
+    """
+    u = httpx.URL(url)
+    reader, writer = await asyncio.open_connection(u.host, u.port or 80)
+    try:
+        writer.write((f"POST {route} HTTP/1.1\r\nHost: {u.host}\r\nContent-Type: application/json\r\n"
+                      f"Content-Length: {length}\r\n\r\n").encode())
+        await writer.drain()
+        line = await asyncio.wait_for(reader.readline(), timeout_s)  # b"HTTP/1.1 413 ..."
+    except asyncio.TimeoutError:  # NOTE: not an OSError before Python 3.11
+        return "TimeoutError"  # the server waited for the body instead of refusing
+    finally:
+        writer.close()
+        try:
+            await writer.wait_closed()
+        except OSError:
+            pass
+    parts = line.split()
+    return parts[1].decode("ascii", "replace") if len(parts) >= 2 else "closed"
+
+
 async def _disconnect(url: str, route: str, body: bytes, *, after_send: bool) -> str:
     """Send a request and hang up: before the body is complete, or right after sending it."""
     u = httpx.URL(url)
@@ -166,6 +193,8 @@ class _Soak:
             try:
                 if which.startswith("disconnect"):
                     outcome = await _disconnect(self.c.url, route, body, after_send=which.endswith("after_send"))
+                elif which == "oversized_body":
+                    outcome = await _oversized(self.c.url, route, len(body), timeout_s=self.c.timeout_s)
                 else:
                     r = await client.post(self.c.url + route, content=body, headers={"content-type": ctype})
                     outcome = str(r.status_code)

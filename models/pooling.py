@@ -32,6 +32,15 @@ def pool(model: Qwen3Model, hidden: Tensor, batch: ForwardBatch, pooling: str) -
     raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
 
 
+def token_states(model: Qwen3Model, hidden: Tensor, rows: Tensor) -> Tensor:
+    """hidden [T, E] before the final norm, rows [M] model rows -> [M, E] after the final norm.
+
+    Per-token output (/embed_all): each original token reads its compact row (rows = the
+    index's scatter for those tokens), so shared prefixes are computed once and copied out.
+    """
+    return model.norm(hidden.index_select(0, rows))  # [M, E]
+
+
 def rerank_logits(model: Qwen3Model, hidden: Tensor, batch: ForwardBatch, *,
                   yes_id: int, no_id: int) -> Tensor:
     """[B] raw scores logit("yes") - logit("no") at each sequence's last token."""

@@ -5,7 +5,8 @@ batch N+1 while `run` executes batch N; it builds the prefix trie and applies th
 itself, so callers see batches, never tries. `run` returns CPU float32 with one device-to-host
 copy. Backend and kernels are chosen once here, at build time. With a prefix cache, every
 prepared batch holds a lease on it: `run` commits it when the forward succeeded and aborts it
-otherwise.
+otherwise. Items flagged `all_tokens` answer every token's final state, read from the model rows
+through the trie's scatter (never an uncompacted forward); their batch skips the prefix cache.
 """
 from __future__ import annotations
 
@@ -22,11 +23,12 @@ import torch
 from tokenizers import Tokenizer
 
 import kernels
+from models.attention import to_device
 from models.attention_select import select_backend
 from models.batch import ForwardBatch, build_forward_batch
 from models.config import ModelConfig
 from models.loader import default_device, load_weights, parse_dtype, resolve_model_dir
-from models.pooling import POOLINGS, pool, rerank_logits
+from models.pooling import POOLINGS, pool, rerank_logits, token_states
 from models.prefix_cache import BLOCK_TOKENS, DEFAULT_SIZE, PrefixCache, bytes_per_token, capacity_tokens
 from models.qwen3 import Kernels, Qwen3Model
 from models.radix import build_index, positions_from_cu_seqlens
@@ -53,6 +55,8 @@ class PreparedBatch:
     ratio: float  # N'/N of the trie (1.0 when it was not built)
     used_index: bool  # did the gate let the trie through
     computed_tokens: tuple[int, ...] = ()  # [B] tokens of each sequence not read from the prefix cache
+    token_items: tuple[int, ...] = ()  # the all_tokens items, ascending: they answer [L, E] states
+    token_rows: torch.Tensor | None = None  # [sum of their lengths] int64 model row of each of their tokens
 
 
 @dataclass
@@ -86,27 +90,47 @@ class Runner:
         return {"attention_backend": self.attention_backend,
                 "attention_backend_rejected": dict(self.attention_rejected)}
 
-    def prepare(self, input_ids, cu_seqlens) -> PreparedBatch:
+    def prepare(self, input_ids, cu_seqlens, *, all_tokens=None) -> PreparedBatch:
         """Host side: input_ids int [N], cu_seqlens int [B+1] -> everything the forward needs.
 
         Builds the trie unless the threshold is 0, keeps it iff the gate says so, and pins and
-        queues the tensors to the device.
+        queues the tensors to the device. all_tokens: None, or [B] bool, the items that answer
+        every token's final state instead of the pooled output.
         """
         n = int(cu_seqlens[-1])
+        mask = np.zeros(0, dtype=bool) if all_tokens is None else np.asarray(all_tokens, dtype=bool)
+        if mask.any() and mask.shape != (len(cu_seqlens) - 1,):
+            raise ValueError(f"all_tokens has shape {mask.shape}, the batch {len(cu_seqlens) - 1} sequences")
+        per_token = bool(mask.any())
         index, ratio = None, 1.0
         if self.radix_threshold > 0.0:
             built = build_index(input_ids, positions_from_cu_seqlens(cu_seqlens), cu_seqlens)
             ratio = float(built.ratio)
             if use_index(self.radix_threshold, ratio):
                 index = built
+        # NOTE: tokens read from the prefix cache have no hidden-state row (only pooled K/V), so a
+        # batch with per-token items runs without it. Leaving out only those items' sequences is
+        # not enough: a cached node they share with another sequence would still lose its row, and
+        # uncaching it would break the cache's prefix-closed layout. Such batches are rare.
+        use_cache = self.cache_usable and not per_token
         forward = build_forward_batch(
             input_ids, cu_seqlens, index, mode=self.radix_attention, device=self.device,
             mean_pooling=self.kind == "embedding" and self.pooling == "mean",
-            cache=self.prefix_cache if self.cache_usable else None,
+            cache=self.prefix_cache if use_cache else None,
         )
+        items, rows = (), None
+        if per_token:
+            lens = np.diff(np.asarray(cu_seqlens, dtype=np.int64))  # [B]
+            # The model row of every original token: itself without the trie, else its compact row.
+            rows_of = (np.arange(n, dtype=np.int64) if forward.mode == "off"
+                       else np.asarray(index.scatter).astype(np.int64))  # [N]
+            picked = rows_of[np.repeat(mask, lens)]  # [sum of the flagged lengths]
+            items = tuple(int(i) for i in np.flatnonzero(mask))
+            rows = to_device(torch.from_numpy(np.ascontiguousarray(picked)), self.device)
         # NOTE: rows actually computed: N' (or N) less the prefix cache's hits.
         return PreparedBatch(forward, n_tokens=n, n_compact=forward.num_rows, ratio=ratio,
-                             used_index=index is not None, computed_tokens=forward.computed_tokens)
+                             used_index=index is not None, computed_tokens=forward.computed_tokens,
+                             token_items=items, token_rows=rows)
 
     @property
     def cache_usable(self) -> bool:
@@ -117,18 +141,24 @@ class Runner:
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Differentiable pooled output on the device: [B, E] embeddings or [B] raw scores."""
         hidden = self.model(batch.input_ids, batch.positions, batch)  # [T, E]
+        return self._head(hidden, batch)
+
+    def _head(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         if self.kind == "reranker":
             return rerank_logits(self.model, hidden, batch, yes_id=self.yes_id, no_id=self.no_id)
         return pool(self.model, hidden, batch, self.pooling)
 
-    def run(self, prepared: PreparedBatch) -> torch.Tensor:
-        """CPU float32: [B, E] pooled embeddings (not normalised) or [B] raw reranker scores."""
+    def run(self, prepared: PreparedBatch) -> torch.Tensor | list:
+        """CPU float32: [B, E] pooled embeddings (not normalised) or [B] raw reranker scores; with
+        all_tokens items a list of B outputs, [L, E] final states for those items."""
         batch = prepared.forward
         try:
             with torch.inference_mode():
                 if batch.num_seqs == 0:
                     shape = (0,) if self.kind == "reranker" else (0, self.hidden_size)
                     out = torch.zeros(shape, dtype=torch.float32)
+                elif prepared.token_items:
+                    out = self._run_tokens(prepared)
                 else:
                     out = self.forward(batch).float().cpu()  # synchronises: pool writes are done
         except BaseException:
@@ -137,6 +167,17 @@ class Runner:
             raise
         if batch.cache is not None:
             batch.cache.commit()
+        return out
+
+    def _run_tokens(self, prepared: PreparedBatch) -> list:
+        batch = prepared.forward
+        hidden = self.model(batch.input_ids, batch.positions, batch)  # [T, E]
+        pooled = self._head(hidden, batch).float().cpu().numpy()  # [B, E] or [B]
+        states = token_states(self.model, hidden, prepared.token_rows).float().cpu().numpy()  # [M, E]
+        out: list = list(pooled)
+        lens = [batch.seq_lens[i] for i in prepared.token_items]
+        for i, part in zip(prepared.token_items, np.split(states, np.cumsum(lens)[:-1])):
+            out[i] = part  # [L, E]
         return out
 
 

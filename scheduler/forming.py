@@ -28,6 +28,7 @@ class Entry:
     input_ids: list[int]
     arrival: float  # time.monotonic() when enqueued
     payload: object = field(default=None, repr=False)  # the scheduler's bookkeeping
+    all_tokens: bool = False  # answer every token's final state [L, E], not the pooled output
 
     @property
     def n_tokens(self) -> int:

@@ -195,7 +195,11 @@ class Pipeline:
 
     def _prepare(self, batch: _Batch) -> bool:
         try:
-            batch.prepared = p = self.runner.prepare(*pack(batch.entries))
+            input_ids, cu_seqlens = pack(batch.entries)
+            mask = np.fromiter((e.all_tokens for e in batch.entries), dtype=bool, count=len(batch.entries))  # [B]
+            # NOTE: only when some item wants it, so runners without per-token outputs keep working.
+            extra = {"all_tokens": mask} if mask.any() else {}
+            batch.prepared = p = self.runner.prepare(input_ids, cu_seqlens, **extra)
             m = self.metrics
             if m is not None:
                 m.batch_next_size.observe(len(batch.entries))

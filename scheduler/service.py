@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class SubmitResult:
-    outputs: list  # one per item, as the runner made it: float (a score) or float32 ndarray
+    outputs: list  # one per item: float (a score), float32 [E] (pooled) or [L, E] (all_tokens)
     queue_time_s: float  # max over items of (forward start - enqueue)
     inference_time_s: float  # max over the batches the items were in
     compute_tokens: int  # tokens computed for the items (prefix-cache hits excluded)
@@ -156,10 +156,13 @@ class Scheduler:
         self._waiting.discard(lambda e: e.payload in gone)
 
     # -- the event-loop side --------------------------------------------------------------------
-    async def submit(self, items: list[list[int]], *, request_id: str | None = None) -> SubmitResult:
+    async def submit(
+        self, items: list[list[int]], *, request_id: str | None = None, all_tokens: bool = False
+    ) -> SubmitResult:
         """Run ``items`` (token id lists, each 1..max_batch_tokens long) and return their outputs.
 
-        ``request_id`` names the request in the log lines of a failed batch.
+        ``request_id`` names the request in the log lines of a failed batch. ``all_tokens``: each
+        output is the item's per-token final states, float32 [L, E], instead of the pooled one.
         """
         if not items:
             raise ValueError("submit needs at least one item")
@@ -171,7 +174,7 @@ class Scheduler:
         label = request_id if request_id is not None else f"#{rid}"
         now = time.monotonic()
         tickets = [_Ticket(loop, label) for _ in items]
-        entries = [Entry(rid, list(ids), now, payload=t) for ids, t in zip(items, tickets)]
+        entries = [Entry(rid, list(ids), now, payload=t, all_tokens=all_tokens) for ids, t in zip(items, tickets)]
         with self._lock:
             if not (self._accepting and self._pipeline.alive):
                 raise WorkerDead("the model worker is not running")

@@ -18,9 +18,10 @@ from fastapi import FastAPI, Request, Response
 from starlette.middleware.cors import CORSMiddleware
 
 from scheduler.metrics import Metrics
-from server import routes_embed, routes_misc, routes_rerank
+from server import routes_cohere, routes_embed, routes_misc, routes_openai, routes_rerank, routes_tei
 from server.admission import Guard, Permits
 from server.config import ServerConfig
+from server.docs import install_docs
 from server.errors import install_handlers
 from server.lifecycle import DrainGuard, Lifecycle
 from server.service import ClientGone, Limits, Service
@@ -137,6 +138,8 @@ def create_app(config: ServerConfig, runner=None, scheduler=None) -> FastAPI:
         version=routes_misc.version(),
         description="Embeddings and reranking for causal-LM models with in-batch prefix deduplication (RadixMLP).",
         lifespan=lifespan,
+        docs_url=None,  # served offline by install_docs
+        redoc_url=None,
     )
     app.state.service = service
     app.state.config = config
@@ -156,6 +159,10 @@ def create_app(config: ServerConfig, runner=None, scheduler=None) -> FastAPI:
     app.include_router(routes_embed.build_router(service, model_name=config.model_name))
     app.include_router(routes_rerank.build_router(service, model_name=config.model_name))
     app.include_router(routes_misc.build_router(service, info=info))
+    app.include_router(routes_tei.build_router(service))
+    app.include_router(routes_cohere.build_router(service))
+    app.include_router(routes_openai.build_router(model_name=config.model_name))
+    install_docs(app, title="radixserve")
     app.add_middleware(
         Guard, payload_limit=config.payload_limit, api_key=config.api_key, on_error=on_error,
         body_timeout_s=config.body_read_timeout,

@@ -9,6 +9,8 @@ body is refused before it can allocate much:
 2. JSON parse (pydantic-core's jiter) into plain Python values;
 3. the input count (``Model.count_inputs``) against N, before any per-item validation;
 4. pydantic validation, whose error list is then bounded by N.
+A route whose body may take one of several shapes (POST /: /embed's or /similarity's) passes
+``pick(data) -> Model``, which chooses the model from the parsed JSON before steps 3-4.
 Bodies larger than ``INLINE_BYTES`` run steps 1-4 in a worker thread. NOTE: the parse holds the
 GIL, so the thread alone would not keep the loop responsive; the container bound is what keeps
 each step short (tens of ms for a 2 MB body on a 2-core dev CPU).
@@ -16,7 +18,7 @@ each step short (tens of ms for a 2 MB body on a 2-core dev CPU).
 from __future__ import annotations
 
 import asyncio
-from typing import TypeVar
+from typing import Callable, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
@@ -74,8 +76,8 @@ def count_containers(raw: bytes, *, limit: int) -> int:
                 break
 
 
-def parse_bytes(raw: bytes, model: type[M], *, max_items: int) -> M:
-    """Steps 1-4 of the module docstring; ApiError (422) on any failure."""
+def parse_bytes(raw: bytes, model: type[M], *, max_items: int, pick: Callable[[dict], type[M]] | None = None) -> M:
+    """Steps 1-4 of the module docstring; ApiError (422) on any failure. ``pick``: see there."""
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]  # a UTF-8 byte-order mark (some Windows clients send one)
     check_encoding(raw)
@@ -93,6 +95,9 @@ def parse_bytes(raw: bytes, model: type[M], *, max_items: int) -> M:
         raise ApiError("validation", f"malformed JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ApiError("validation", f"the request body must be a JSON object, not {type(data).__name__}")
+    if pick is not None:
+        model = pick(data)
+        what = getattr(model, "inputs_name", "inputs")
     n = model.count_inputs(data) if hasattr(model, "count_inputs") else 0
     if n > max_items:
         raise too_many(n, max_items, what)
@@ -102,16 +107,25 @@ def parse_bytes(raw: bytes, model: type[M], *, max_items: int) -> M:
         raise ApiError("validation", describe_errors(exc.errors(include_url=False), prefix="body")) from None
 
 
-async def parse_body(request: Request, model: type[M], *, max_items: int) -> M:
+async def parse_body(
+    request: Request, model: type[M], *, max_items: int, pick: Callable[[dict], type[M]] | None = None
+) -> M:
     """The validated body of ``request`` (off the loop when large)."""
     raw = await request.body()
     if len(raw) <= INLINE_BYTES:
-        return parse_bytes(raw, model, max_items=max_items)
-    return await asyncio.to_thread(parse_bytes, raw, model, max_items=max_items)
+        return parse_bytes(raw, model, max_items=max_items, pick=pick)
+    return await asyncio.to_thread(parse_bytes, raw, model, max_items=max_items, pick=pick)
 
 
-def openapi_body(model: type[BaseModel]) -> dict:
-    """``openapi_extra`` that documents ``model`` as the JSON request body (schema inlined)."""
+def openapi_body(*models: type[BaseModel]) -> dict:
+    """``openapi_extra`` that documents ``models`` as the JSON request body (schema inlined; with
+    several models, a oneOf of their schemas)."""
+    schemas = [_inlined(m) for m in models]
+    schema = schemas[0] if len(schemas) == 1 else {"oneOf": schemas}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _inlined(model: type[BaseModel]) -> dict:
     schema = model.model_json_schema()
     defs = schema.pop("$defs", {})
 
@@ -125,4 +139,4 @@ def openapi_body(model: type[BaseModel]) -> dict:
             return [inline(v) for v in node]
         return node
 
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": inline(schema)}}}}
+    return inline(schema)

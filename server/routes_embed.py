@@ -18,6 +18,7 @@ from server.errors import ApiError
 from server.schemas import EmbedRequest, OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
 from server.service import Service
 
+
 def finish(vectors: list, *, dimensions: int | None, normalize: bool) -> np.ndarray:
     """[B, E] pooled states -> [B, d]: truncate to ``dimensions`` first, then L2-normalize."""
     emb = np.stack([np.asarray(v, dtype=np.float32) for v in vectors])  # [B, E]
@@ -38,6 +39,24 @@ def resolve_prompt(service: Service, prompt_name: str | None) -> str:
         raise ApiError("validation", str(exc)) from exc
 
 
+async def serve_embed(service: Service, request: Request, body: EmbedRequest, *, start: float) -> JSONResponse:
+    """/embed's answer to a parsed body (also reached through POST / and /invocations)."""
+    texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
+    service.check_inputs(len(texts), empty=any(t == "" for t in texts))
+    service.check_dimensions(body.dimensions)
+    prompt = resolve_prompt(service, body.prompt_name)
+    truncate = service.truncate(body.truncate)
+
+    async def make_items():
+        return await service.tok.embedding_inputs(
+            texts, prompt=prompt, truncate=truncate, direction=body.truncation_direction
+        )
+
+    served = await service.serve(request, method="embed", start=start, n_items=len(texts), make_items=make_items)
+    vectors = finish(served.outputs, dimensions=body.dimensions, normalize=body.normalize)
+    return JSONResponse([v.tolist() for v in vectors], headers=served.headers)
+
+
 def build_router(service: Service, *, model_name: str) -> APIRouter:
     router = APIRouter()
 
@@ -49,20 +68,7 @@ def build_router(service: Service, *, model_name: str) -> APIRouter:
         start = service.count("embed")
         service.require("embedding", "/embed")
         body = await parse_body(request, EmbedRequest, max_items=max_items)
-        texts = [body.inputs] if isinstance(body.inputs, str) else body.inputs
-        service.check_inputs(len(texts), empty=any(t == "" for t in texts))
-        service.check_dimensions(body.dimensions)
-        prompt = resolve_prompt(service, body.prompt_name)
-        truncate = service.truncate(body.truncate)
-
-        async def make_items():
-            return await service.tok.embedding_inputs(
-                texts, prompt=prompt, truncate=truncate, direction=body.truncation_direction
-            )
-
-        served = await service.serve(request, method="embed", start=start, n_items=len(texts), make_items=make_items)
-        vectors = finish(served.outputs, dimensions=body.dimensions, normalize=body.normalize)
-        return JSONResponse([v.tolist() for v in vectors], headers=served.headers)
+        return await serve_embed(service, request, body, start=start)
 
     async def openai_embeddings(request: Request) -> JSONResponse:
         """OpenAI embeddings: input str | [str] | [int] | [[int]] -> list object."""

@@ -1,11 +1,15 @@
 """POST /tokenize, GET /info, GET /health and GET /metrics.
 
+/info carries TEI's fields (model_sha, served_model_name, auto_truncate, tokenization_workers, ...)
+plus ours (radix_mlp_threshold, radix_attention, batching_policy).
+
 /health answers 200 only while the scheduler's model worker is alive, so a load balancer takes a
 server with a dead worker out of rotation. /metrics renders the app's own registry (one per app).
 """
 from __future__ import annotations
 
 from importlib import metadata
+from pathlib import Path
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -13,7 +17,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from server.bodies import openapi_body, parse_body
 from server.errors import ApiError
 from server.routes_embed import resolve_prompt
-from server.schemas import Info, SimpleToken, TokenizeRequest
+from server.schemas import SimpleToken, TokenizeRequest
+from server.schemas_compat import InfoCompat
 from server.service import Service
 
 
@@ -50,7 +55,7 @@ def build_router(service: Service, *, info: dict) -> APIRouter:
         service.metrics.request_success.labels(method="tokenize").inc()
         return Response(out, media_type="application/json")
 
-    @router.get("/info", response_model=Info, tags=["Info"])
+    @router.get("/info", response_model=InfoCompat, tags=["Info"])
     async def get_info() -> dict:
         return info
 
@@ -68,10 +73,33 @@ def build_router(service: Service, *, info: dict) -> APIRouter:
     return router
 
 
+def model_sha(model_id: str, revision: str | None, cache_dir: str | None = None) -> str | None:
+    """The commit of the hub snapshot the model was loaded from (cache look-up only, offline)."""
+    if Path(model_id).expanduser().is_dir():
+        return None
+    try:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(model_id, "config.json", revision=revision, cache_dir=cache_dir)
+    except Exception:  # noqa: BLE001 - an id the cache cannot parse has no known commit
+        return None
+    if not isinstance(found, str):
+        return None
+    snapshot = Path(found).parent  # .../snapshots/<commit>/config.json
+    return snapshot.name if snapshot.parent.name == "snapshots" else None
+
+
 def build_info(service: Service, *, config, max_input_length: int) -> dict:
     runner = service.runner
     return {
-        "model_id": config.model_name,
+        "model_id": config.model_id,
+        "model_sha": model_sha(config.model_id, config.revision, config.huggingface_hub_cache),
+        "served_model_name": config.model_name,
+        "auto_truncate": config.auto_truncate,
+        "tokenization_workers": service.tok.workers,  # the pool's real size (flag or default)
+        "sha": None,
+        "docker_label": None,
+        "prompts": dict(runner.prompts or {}),
         "model_dtype": str(runner.dtype).replace("torch.", ""),
         "model_type": model_type(runner),
         "max_concurrent_requests": config.max_concurrent_requests,

@@ -31,18 +31,39 @@ def ranked(scores: list[float]) -> list[int]:
     return sorted(range(len(scores)), key=lambda i: -scores[i])
 
 
+async def run(service: Service, request: Request, *, method: str, start: float, query: str, texts: list[str],
+              truncate: bool, direction: str, instruction: str):
+    """Admit, encode (query once) and score ``texts`` against ``query``: raw scores in ``outputs``."""
+    async def make_items():
+        return await service.tok.rerank_inputs(
+            query, texts, instruction=instruction, truncate=truncate, direction=direction
+        )
+
+    return await service.serve(request, method=method, start=start, n_items=len(texts), make_items=make_items)
+
+
+async def serve_rerank(service: Service, request: Request, body: RerankRequest, *, start: float) -> JSONResponse:
+    """/rerank's answer to a parsed body (also reached through POST / and /invocations)."""
+    service.check_inputs(len(body.texts), empty=body.query == "", what="texts")
+    served = await run(
+        service, request, method="rerank", start=start, query=body.query, texts=body.texts,
+        truncate=service.truncate(body.truncate), direction=body.truncation_direction,
+        instruction=body.instruction if body.instruction is not None else prompts.DEFAULT_INSTRUCTION,
+    )
+    raw = [float(s) for s in served.outputs]
+    scores = raw if body.raw_scores else [sigmoid(s) for s in raw]
+    out = []
+    for i in ranked(scores):
+        item = {"index": i, "score": scores[i]}
+        if body.return_text:
+            item["text"] = body.texts[i]
+        out.append(item)
+    return JSONResponse(out, headers=served.headers)
+
+
 def build_router(service: Service, *, model_name: str) -> APIRouter:
     router = APIRouter()
     max_items = service.limits.max_client_batch_size
-
-    async def run(request: Request, *, method: str, start: float, query: str, texts: list[str], truncate: bool,
-                  direction: str, instruction: str):
-        async def make_items():
-            return await service.tok.rerank_inputs(
-                query, texts, instruction=instruction, truncate=truncate, direction=direction
-            )
-
-        return await service.serve(request, method=method, start=start, n_items=len(texts), make_items=make_items)
 
     @router.post("/rerank", response_model=list[Rank], tags=["TEI"], openapi_extra=openapi_body(RerankRequest))
     async def rerank(request: Request) -> JSONResponse:
@@ -50,21 +71,7 @@ def build_router(service: Service, *, model_name: str) -> APIRouter:
         start = service.count("rerank")
         service.require("reranker", "/rerank")
         body = await parse_body(request, RerankRequest, max_items=max_items)
-        service.check_inputs(len(body.texts), empty=body.query == "", what="texts")
-        served = await run(
-            request, method="rerank", start=start, query=body.query, texts=body.texts,
-            truncate=service.truncate(body.truncate), direction=body.truncation_direction,
-            instruction=body.instruction if body.instruction is not None else prompts.DEFAULT_INSTRUCTION,
-        )
-        raw = [float(s) for s in served.outputs]
-        scores = raw if body.raw_scores else [sigmoid(s) for s in raw]
-        out = []
-        for i in ranked(scores):
-            item = {"index": i, "score": scores[i]}
-            if body.return_text:
-                item["text"] = body.texts[i]
-            out.append(item)
-        return JSONResponse(out, headers=served.headers)
+        return await serve_rerank(service, request, body, start=start)
 
     @router.post(
         "/v1/rerank", response_model=CohereRerankResponse, tags=["Cohere/Jina"],
@@ -78,7 +85,7 @@ def build_router(service: Service, *, model_name: str) -> APIRouter:
         texts = [d if isinstance(d, str) else d.text for d in body.documents]
         service.check_inputs(len(texts), empty=body.query == "", what="documents")
         served = await run(
-            request, method="cohere_rerank", start=start, query=body.query, texts=texts,
+            service, request, method="cohere_rerank", start=start, query=body.query, texts=texts,
             truncate=service.truncate(None), direction="right", instruction=prompts.DEFAULT_INSTRUCTION,
         )
         scores = [sigmoid(float(s)) for s in served.outputs]

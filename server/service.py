@@ -36,7 +36,7 @@ class Limits:
     max_input_length: int
     max_client_batch_size: int
     auto_truncate: bool
-    max_display_tokens: int = 16384  # tokens one /tokenize answer may hold (the server sets max_batch_tokens)
+    max_display_tokens: int = 16384  # tokens one /tokenize or /embed_all answer may hold (= max_batch_tokens)
 
 
 @dataclass
@@ -121,14 +121,18 @@ class Service:
         finally:
             self.permits.release(n_items)
 
-    async def serve(self, request: Request, *, method: str, start: float, n_items: int, make_items) -> Served:
-        """Admit ``n_items``, build token ids with ``await make_items()``, run them, time them."""
+    async def serve(self, request: Request, *, method: str, start: float, n_items: int, make_items,
+                    all_tokens: bool = False) -> Served:
+        """Admit ``n_items``, build token ids with ``await make_items()``, run them, time them.
+
+        ``all_tokens``: each output is the item's [L, E] per-token states instead of its pooled one.
+        """
         if not self.scheduler.alive:
             rid = request_id(request)
             raise ApiError("unhealthy", f"the model worker is not running; retry later (request id {rid})")
         with self.admitted(n_items):
             items = await make_items()
-            result = await self._submit(request, items)
+            result = await self._submit(request, items, all_tokens=all_tokens)
         total = time.perf_counter() - start
         m = self.metrics
         m.request_duration.observe(total)
@@ -143,10 +147,12 @@ class Service:
         }
         return Served(list(result.outputs), sum(len(i) for i in items), headers)
 
-    async def _submit(self, request: Request, items: Sequence[Sequence[int]]):
+    async def _submit(self, request: Request, items: Sequence[Sequence[int]], *, all_tokens: bool = False):
         """Await the scheduler; cancel the entries when the client goes away first."""
         rid = request_id(request)
-        work = asyncio.ensure_future(self.scheduler.submit([list(i) for i in items], request_id=rid))
+        # NOTE: pooled calls keep the plain signature (schedulers injected by tests may not take all_tokens).
+        extra = {"all_tokens": True} if all_tokens else {}
+        work = asyncio.ensure_future(self.scheduler.submit([list(i) for i in items], request_id=rid, **extra))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)

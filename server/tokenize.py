@@ -36,6 +36,7 @@ class Tokenization:
         self.special_ids = frozenset(
             i for i, tok in runner.tokenizer.get_added_tokens_decoder().items() if tok.special
         )
+        self.workers = workers
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="radixserve-tok")
 
     def close(self) -> None:

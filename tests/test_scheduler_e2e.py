@@ -98,7 +98,8 @@ def test_scheduled_results_match_direct_runner(tiny_embedding_dir):
 def test_runner_prepare_builds_and_gates_the_trie(tiny_embedding_dir, threshold, monkeypatch):
     import models
 
-    # NOTE: no prefix cache: it alone may skip rows (mode compact without a trie).
+    # NOTE: no prefix cache: with one, a batch the gate keeps off the trie still runs in compact
+    # mode (one node per token) so that it can read and write the pool.
     runner = models.load_runner(str(tiny_embedding_dir), device="cpu", radix_threshold=threshold,
                                 prefix_cache_size=0)
     built = []

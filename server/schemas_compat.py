@@ -1,0 +1,171 @@
+"""Bodies of the compatibility routes: TEI's extra routes, Cohere's v1/v2 embed and v2 rerank,
+OpenAI's model list (pydantic v2).
+
+Same rules as server/schemas.py: strict types where coercion would hide a client bug, unknown
+fields ignored so SDKs that send extras (``priority``, ``max_tokens_per_doc``) keep working.
+A field we accept but cannot honour (Cohere ``images``, int8 embeddings) is refused in the route
+with a 422 that names it, never silently dropped. Each request body names the list that
+server/bodies.py counts before validation (``inputs_field``/``count_inputs``).
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal, Union
+
+from pydantic import BaseModel, Discriminator, Field, StrictBool, StrictInt, StrictStr, Tag
+
+from server.schemas import Direction, Info, TokenIds, _Body
+
+
+# -- TEI ---------------------------------------------------------------------------------------
+class SimilarityInput(_Body):
+    source_sentence: StrictStr
+    sentences: list[StrictStr]
+
+
+class SimilarityParameters(_Body):
+    truncate: StrictBool | None = None
+    truncation_direction: Direction = "right"
+    prompt_name: StrictStr | None = None
+
+
+class SimilarityRequest(_Body):
+    inputs_name: ClassVar[str] = "sentences"
+
+    inputs: SimilarityInput
+    parameters: SimilarityParameters | None = None
+
+    @classmethod
+    def count_inputs(cls, data: dict) -> int:
+        """The source sentence plus each of ``inputs.sentences`` (each is one embedded input)."""
+        inputs = data.get("inputs")
+        sentences = inputs.get("sentences") if isinstance(inputs, dict) else None
+        return 1 + len(sentences) if isinstance(sentences, list) else 1
+
+
+class EmbedAllRequest(_Body):
+    inputs: Union[StrictStr, list[StrictStr]]
+    truncate: StrictBool | None = Field(None, description="default: the server's --auto-truncate")
+    truncation_direction: Direction = "right"
+    prompt_name: StrictStr | None = None
+
+
+def _ids_shape(value: Any) -> str | None:
+    """One id list or a batch of them, judged from the first item (None: neither)."""
+    if not isinstance(value, list):
+        return None
+    first = value[0] if value else 0
+    return "ids" if type(first) is int else "batch" if isinstance(first, list) else None
+
+
+# One branch validated per body (a plain Union collected one error per bad id of each branch).
+DecodeIds = Annotated[
+    Union[Annotated[TokenIds, Tag("ids")], Annotated[list[TokenIds], Tag("batch")]],
+    Discriminator(_ids_shape, custom_error_type="ids_shape",
+                  custom_error_message="ids must be a list of token ids or a list of token id lists"),
+]
+
+
+class DecodeRequest(_Body):
+    inputs_field: ClassVar[str] = "ids"
+    inputs_name: ClassVar[str] = "id lists"
+
+    ids: DecodeIds
+    skip_special_tokens: StrictBool = True
+
+    @classmethod
+    def count_inputs(cls, data: dict) -> int:
+        return len(data["ids"]) if _ids_shape(data.get("ids")) == "batch" else 1
+
+
+# -- Cohere ------------------------------------------------------------------------------------
+CohereInputType = Literal["search_query", "search_document", "classification", "clustering", "image"]
+
+
+class CohereEmbedRequest(_Body):
+    inputs_field: ClassVar[str] = "texts"
+    inputs_name: ClassVar[str] = "texts"
+
+    texts: list[StrictStr] | None = None
+    images: list[StrictStr] | None = Field(None, description="not supported (text models): 422")
+    inputs: list[dict] | None = Field(None, description="not supported: use texts")
+    model: StrictStr | None = None
+    input_type: CohereInputType | None = Field(
+        None, description="search_query: the model's query prompt; others: the document prompt"
+    )
+    embedding_types: list[StrictStr] | None = Field(None, description="float and/or base64")
+    output_dimension: StrictInt | None = Field(None, ge=1, description="Matryoshka dimensions")
+    truncate: Literal["NONE", "START", "END"] | None = Field(None, description="NONE refuses long inputs")
+
+
+class CohereV2RerankRequest(_Body):
+    inputs_field: ClassVar[str] = "documents"
+    inputs_name: ClassVar[str] = "documents"
+
+    query: StrictStr
+    documents: list[StrictStr]
+    model: StrictStr | None = None
+    top_n: StrictInt | None = Field(None, ge=1)
+
+
+class CohereApiVersion(BaseModel):
+    version: str
+
+
+class CohereBilled(BaseModel):
+    input_tokens: int | None = None
+    search_units: int | None = None
+
+
+class CohereMeta(BaseModel):
+    api_version: CohereApiVersion
+    billed_units: CohereBilled
+
+
+class CohereV2Result(BaseModel):
+    index: int
+    relevance_score: float
+
+
+class CohereV2RerankResponse(BaseModel):
+    id: str
+    results: list[CohereV2Result]
+    meta: CohereMeta
+
+
+class CohereEmbeddings(BaseModel):
+    float_: list[list[float]] | None = Field(None, alias="float")
+    base64: list[str] | None = None
+
+
+class CohereEmbedResponse(BaseModel):
+    id: str
+    response_type: Literal["embeddings_floats", "embeddings_by_type"] | None = None
+    embeddings: Union[CohereEmbeddings, list[list[float]]]
+    texts: list[str]
+    meta: CohereMeta
+
+
+# -- OpenAI ------------------------------------------------------------------------------------
+class OpenAIModel(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str
+
+
+class OpenAIModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[OpenAIModel]
+
+
+# -- /info -------------------------------------------------------------------------------------
+class InfoCompat(Info):
+    """Our /info: TEI's fields where they apply, plus the radix fields."""
+
+    model_sha: str | None = Field(None, description="the hub snapshot's commit; null for a local directory")
+    served_model_name: str
+    auto_truncate: bool
+    tokenization_workers: int
+    sha: str | None = Field(None, description="TEI's build commit; null (not recorded in this build)")
+    docker_label: str | None = None
+    prompts: dict[str, str] = Field(default_factory=dict, description="the model's sentence-transformers prompts")
