@@ -173,7 +173,8 @@ def _build_cached(ids: np.ndarray, cu: np.ndarray, index, cache: PrefixCache, le
                   device: torch.device) -> ForwardBatch:
     """Compact batch whose cached nodes are read from the pool instead of computed.
 
-    Sequence s may read its first m(s) tokens, m(s) = its cached blocks capped below the depth of
+    Sequence s may read its first m(s) tokens, m(s) = its cached rows (full blocks, then a partial
+    block's leading rows) capped below the depth of
     any node on its path that is some sequence's last token (pooled rows must be computed; this
     covers m(s) <= len(s) - 1). A node is cached iff its depth < max m over the sequences through
     it: that set is prefix-closed along every path, so the computed nodes of each owner remain a

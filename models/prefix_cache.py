@@ -6,7 +6,14 @@ full, and block ids are never reused, so a hit is always the very same token pre
 0: there is no hash to collide and no way to return another prefix's rows. Each block owns
 `block` consecutive rows of a pool preallocated at start, K and V [layers, rows, Hkv, D], holding
 K after q/k-norm and rotary at absolute positions, so its rows are valid for any sequence that
-starts with the same tokens.
+starts with the same tokens. The K/V row of a position depends only on the tokens up to it, so a
+sequence that matches the first k (1..block-1) tokens of a cached child of its last fully matched
+block reads those k rows too (a partial match); a second index keys every committed block by
+(parent id, its first k tokens) for each k, so finding the longest such k is a binary search of
+dict look-ups whatever the number of siblings (every pair after the reranker template shares one
+parent). New blocks are still written whole: only a sequence's complete blocks that are not
+cached are written, including the block it read partially (its own version differs from the
+cached one past the shared tokens); a tail shorter than a block is never written.
 
 Invariants:
 - Chains are prefix-closed: a committed block's parent is committed. Eviction takes unpinned
@@ -77,7 +84,7 @@ class _Block:
 class Lease:
     """One batch's hold on the cache: the chains it reads (pinned) and the blocks it writes."""
 
-    matched: np.ndarray  # [B] int64 tokens of each sequence found in the cache (block multiple)
+    matched: np.ndarray  # [B] int64 tokens of each sequence found in the cache (full blocks + partial)
     read_rows: np.ndarray  # [sum matched] int64 pool row of each matched token, sequence by sequence
     write_starts: np.ndarray  # [W] int64 original row of each written block's first token
     write_slots: np.ndarray  # [W] int64 pool slot of each written block
@@ -103,6 +110,8 @@ class PrefixCache:
         self.k = torch.zeros(layers, rows, kv_heads, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros(layers, rows, kv_heads, head_dim, dtype=dtype, device=device)
         self._index: dict[tuple[int, bytes], _Block] = {}
+        # (parent id, first k tokens) for k in 1..block-1 -> committed blocks starting so, oldest first
+        self._prefixes: dict[tuple[int, bytes], dict[int, _Block]] = {}
         self._lru: collections.OrderedDict[int, _Block] = collections.OrderedDict()  # oldest first
         self._free = list(range(self.n_slots - 1, -1, -1))
         self._ids = itertools.count(1)  # 0 is the root
@@ -152,14 +161,20 @@ class PrefixCache:
                         break
                     chain.append(found)
                     parent, j = found, j + 1
-                for b in chain:
+                # the last token is always computed, so a partial match needs at most n-1 tokens
+                k_max = min(blk - 1, int(cu[s + 1]) - 1 - (a + j * blk))
+                part, k = self._partial(parent, ids[a + j * blk:a + j * blk + max(k_max, 0)])
+                pins = chain + [part] if part is not None else chain
+                for b in pins:
                     b.refs += 1
-                lease.pinned.extend(chain)
-                self._touch(chain)
-                matched[s] = j * blk
+                lease.pinned.extend(pins)
+                self._touch(pins)
+                matched[s] = j * blk + k
                 if chain:
                     reads.append((np.array([b.slot for b in chain], np.int64)[:, None] * blk
                                   + offsets).ravel())
+                if part is not None:
+                    reads.append(part.slot * blk + offsets[:k])
                 for jj in range(j, n_full):
                     key = (parent.id if parent else 0, raw[jj * width:(jj + 1) * width])
                     mine = pending.get(key)
@@ -179,6 +194,31 @@ class PrefixCache:
         lease.write_slots = np.asarray(slots, dtype=np.int64)
         return lease
 
+    def _partial(self, parent: _Block | None, tail: np.ndarray) -> tuple[_Block | None, int]:
+        """The committed child of `parent` sharing the longest run of leading tokens with `tail`
+        (len(tail) < block), and that length; (None, 0) when none shares the first token."""
+        pid, raw = (parent.id if parent else 0), tail.tobytes()
+        lo, hi = 0, len(tail)  # a child starts with tail[:lo]; none starts with tail[:hi+1]
+        while lo < hi:  # prefixes present are closed under shortening: binary search
+            mid = (lo + hi + 1) // 2
+            if (pid, raw[:4 * mid]) in self._prefixes:
+                lo = mid
+            else:
+                hi = mid - 1
+        if lo == 0:
+            return None, 0
+        holders = self._prefixes[(pid, raw[:4 * lo])]
+        return next(reversed(holders.values())), lo  # the newest: any holder has equal rows
+
+    def _publish(self, b: _Block) -> None:
+        self._index[b.key] = b
+        self._lru[b.id] = b
+        pid = b.parent.id if b.parent is not None else 0
+        for k in range(1, self.block):
+            self._prefixes.setdefault((pid, b.tokens[:4 * k]), {})[b.id] = b
+        if b.parent is not None:
+            b.parent.children += 1
+
     def _allocate(self) -> int | None:
         if self._free:
             return self._free.pop()
@@ -192,6 +232,13 @@ class PrefixCache:
     def _drop(self, b: _Block) -> None:
         del self._index[b.key]
         del self._lru[b.id]
+        pid = b.parent.id if b.parent is not None else 0
+        for k in range(1, self.block):
+            key = (pid, b.tokens[:4 * k])
+            holders = self._prefixes[key]
+            del holders[b.id]
+            if not holders:
+                del self._prefixes[key]
         if b.parent is not None:
             b.parent.children -= 1
         self._free.append(b.slot)
@@ -220,10 +267,7 @@ class PrefixCache:
                     self._free.append(b.slot)
                     touched.append(existing)
                     continue
-                self._index[b.key] = b
-                self._lru[b.id] = b
-                if b.parent is not None:
-                    b.parent.children += 1
+                self._publish(b)
                 touched.append(b)
             self._touch(touched)
             for b in lease.pinned:

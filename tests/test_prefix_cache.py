@@ -44,6 +44,12 @@ def _check(cache: PrefixCache, live_pending: int = 0) -> None:
     assert set(cache._lru) == ids
     slots = [b.slot for b in committed] + list(cache._free)
     assert len(slots) == len(set(slots)) and len(slots) + live_pending == cache.n_slots
+    prefixes = {}  # the partial-match index, recounted
+    for b in committed:
+        pid = b.parent.id if b.parent is not None else 0
+        for k in range(1, BLK):
+            prefixes.setdefault((pid, b.tokens[:4 * k]), set()).add(b.id)
+    assert {key: set(v) for key, v in cache._prefixes.items()} == prefixes
     order = list(cache._lru.values())
     for i, b in enumerate(order):  # LRU: every parent is more recent than each of its children
         if b.parent is not None:
@@ -76,10 +82,11 @@ def test_lookup_is_exact_and_sees_committed_blocks_only():
     cache.abort(twin)
     cache.commit(lease)
     again = cache.plan(*_pack(a, a[:20], _seq(2, 40)))
-    assert again.matched.tolist() == [32, 16, 0]
+    # a[:20]: block 1 and then 3 of the second block's rows (its last token is always computed)
+    assert again.matched.tolist() == [32, 19, 0]
     slots = [b.slot for b in lease.pending]
     want = np.concatenate([np.arange(BLK) + s * BLK for s in slots])
-    assert again.read_rows.tolist() == want.tolist() + want[:16].tolist()
+    assert again.read_rows.tolist() == want.tolist() + want[:19].tolist()
     # the same second block after a different first block is another prefix: no match
     other = _seq(2, 40)
     other[16:32] = a[16:32]
@@ -87,6 +94,60 @@ def test_lookup_is_exact_and_sees_committed_blocks_only():
     assert miss.matched.tolist() == [0]
     cache.abort(miss)
     cache.abort(again)
+    _check(cache)
+
+
+def _full_prefix(b) -> list[int]:
+    """The tokens from position 0 to the end of block b."""
+    out = []
+    while b is not None:
+        out = np.frombuffer(b.tokens, dtype=np.int32).tolist() + out
+        b = b.parent
+    return out
+
+
+def _check_reads(cache: PrefixCache, lease, seqs) -> None:
+    """Every row a lease reads belongs to a block whose tokens up to that row are the reader's."""
+    by_slot = {b.slot: b for b in lease.pinned}
+    at = 0
+    for seq, m in zip(seqs, lease.matched.tolist()):
+        assert m <= max(len(seq) - 1, (len(seq) // BLK) * BLK)
+        for d in range(m):
+            row = int(lease.read_rows[at + d])
+            b = by_slot[row // BLK]
+            assert cache._index.get(b.key) is b  # committed, and pinned by this lease
+            assert row % BLK == d % BLK and _full_prefix(b)[:d + 1] == seq[:d + 1]
+        at += m
+    assert at == len(lease.read_rows)
+
+
+def test_partial_blocks_match_their_leading_tokens():
+    cache = _cache(64)
+    head = list(range(2000, 2020))  # a 20-token instruction: one full block and 4 tokens
+    first = head + list(range(3000, 3020))
+    cache.commit(cache.plan(*_pack(first)))
+    second = head + list(range(4000, 4012))  # a different query after the same instruction
+    lease = cache.plan(*_pack(second))
+    assert lease.matched.tolist() == [20]
+    _check_reads(cache, lease, [second])
+    pinned = lease.pinned[-1]
+    assert pinned.refs == 1 and pinned.depth == 1  # the partly read block is pinned like a full one
+    # its own second block is complete and not cached: written (rows 16..19 copied from the pool)
+    assert lease.write_starts.tolist() == [16]
+    cache.commit(lease)
+    assert pinned.refs == 0
+    # many siblings under one parent (every query after one template): still the exact longest run
+    for q in range(40):
+        cache.commit(cache.plan(*_pack(head + [5000 + q] * 12)))
+    probe = head + [5007] * 3 + [1]
+    lease = cache.plan(*_pack(probe, head + [5007] * 9 + [7] * 3, head + [9] * 12))
+    assert lease.matched.tolist() == [23, 29, 20]  # 20+3 (last token computed), 20+9, 20
+    _check_reads(cache, lease, [probe, head + [5007] * 9 + [7] * 3, head + [9] * 12])
+    cache.abort(lease)
+    # the first token decides nothing: same first token, different second token matches 1 row
+    lease = cache.plan(*_pack(head[:16] + [2016, 1, 1, 1, 1]))
+    assert lease.matched.tolist() == [17]
+    cache.abort(lease)
     _check(cache)
 
 
@@ -138,18 +199,18 @@ def test_lru_evicts_leaves_first_and_never_pinned_blocks():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.lists(st.lists(st.integers(1, 3), min_size=1, max_size=5),
+@given(st.lists(st.tuples(st.lists(st.lists(st.tuples(st.integers(1, 3), st.integers(1, 20)),
+                                            min_size=1, max_size=5),
                                    min_size=1, max_size=3),
                           st.sampled_from(["commit", "abort", "hold"])), min_size=1, max_size=12))
 def test_random_walk_keeps_the_invariants(steps):
-    """Sequences of 16-token blocks drawn from 3 kinds; leases settle now or one step later."""
+    """Runs of 3 token kinds ending anywhere in a block; leases settle now or one step later."""
     cache = _cache(5)
     held = []
-    for blocks, fate in steps:
-        seqs = [[t for k in bl for t in [k] * BLK] + [9] for bl in blocks]
+    for runs, fate in steps:
+        seqs = [[t for k, n in rs for t in [k] * n] + [9] for rs in runs]
         lease = cache.plan(*_pack(*seqs))
-        for s, m in zip(seqs, lease.matched):
-            assert m % BLK == 0 and m <= len(s)
+        _check_reads(cache, lease, seqs)
         for old in held:  # a batch planned while the previous one ran settles after it
             cache.commit(old)
         held = []

@@ -79,7 +79,7 @@ def _run_interleaved(on, off, batches):
 
 def _random_batches(rng, n, vocab=(100, 3000)):
     prefixes = [rng.integers(*vocab, size).tolist() for size in (0, 7, 16, 23, 40, 70)]
-    batches = []
+    batches, seen = [], []
     for _ in range(n):
         seqs = []
         for _ in range(int(rng.integers(1, 6))):
@@ -89,8 +89,15 @@ def _random_batches(rng, n, vocab=(100, 3000)):
                 seqs.append(list(seqs[-1]))  # a duplicate
             elif kind < 0.3 and base:
                 seqs.append(base[:int(rng.integers(1, len(base) + 1))])  # a prefix of a prefix
+            elif kind < 0.5 and seen:
+                # an earlier batch's sequence cut anywhere (mostly mid-block) with a new tail:
+                # reads the leading rows of a block that sequence wrote
+                old = seen[int(rng.integers(len(seen)))]
+                cut = int(rng.integers(1, len(old) + 1))
+                seqs.append(old[:cut] + rng.integers(*vocab, int(rng.integers(0, 20))).tolist())
             else:
                 seqs.append(base + rng.integers(*vocab, int(rng.integers(1, 25))).tolist())
+        seen.extend(seqs)
         batches.append((seqs, bool(rng.random() < 0.5)))
     return batches
 
@@ -181,6 +188,26 @@ def test_counts_of_a_cached_batch(tiny_embedding_dir):
     on.run(again)
     stats = on.prefix_cache.stats()
     assert stats["hit_tokens"] == 32 and stats["miss_tokens"] == 48
+
+
+def test_a_shared_instruction_is_read_to_its_last_token(tiny_embedding_dir, embedding_off):
+    """20 shared tokens (one block and 4 rows of the next) + distinct queries: 20 rows read."""
+    on = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32")
+    head = list(range(600, 620))
+    first = head + list(range(700, 714))  # 34 tokens: its second block (16..31) is written whole
+    on.run(_prepare(on, [first], False))
+    for q in range(3):
+        seq = head + list(range(800 + 20 * q, 800 + 20 * q + 3 + 4 * q))
+        fb = _prepare(on, [seq], False)
+        assert fb.forward.cached_tokens == (20,) and fb.forward.computed_tokens == (len(seq) - 20,)
+        got = on.run(fb)
+        assert (got - _reference(embedding_off, [seq])).abs().max().item() < TOL
+    # two readers in one batch, one of them a prefix of the other: capped below its last token
+    a, b_ = head + [900, 901, 902], head + [900]
+    fb = _prepare(on, [a, b_], True)
+    assert fb.forward.cached_tokens == (20, 20)
+    got = on.run(fb)
+    assert (got - _reference(embedding_off, [a, b_])).abs().max().item() < TOL
 
 
 def test_failed_and_dropped_batches_give_everything_back(tiny_embedding_dir, embedding_off):
