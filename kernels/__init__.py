@@ -10,10 +10,9 @@ Which implementation runs on CUDA is set by ``RADIXSERVE_GATHER_IMPL``:
   launch; loaded prebuilt or built on first use, then self-tested (kernels/gather.py).
 - ``torch``: index_select everywhere (what ``auto`` is today).
 NOTE: the rule is to keep the custom kernel only where a measurement on the GPU shows it beating
-torch (index_select, advanced indexing, torch.gather, against a device-to-device copy). No GPU
-has run it yet (none was lent to the sessions that wrote it), so it has neither won nor been
-seen to be correct on hardware, and ``auto`` does not use it: an unmeasured kernel must not be
-what every GPU user runs by default. ``python -m loadtest.gpu_check`` runs its tests and
+torch (index_select, advanced indexing, torch.gather, against a device-to-device copy). Until
+such figures exist it has neither won nor been seen to be correct on hardware, and ``auto``
+does not use it: an unmeasured kernel must not be what every GPU user runs by default. ``python -m loadtest.gpu_check`` runs its tests and
 ``loadtest.bench_kernels``; point ``auto`` at the kernel where those figures say it wins.
 
 ``RADIXSERVE_DISABLE_KERNELS=1`` forces the ref twins and never builds anything. Importing this

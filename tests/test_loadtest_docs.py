@@ -45,24 +45,7 @@ def test_doc_command_parses(where, cmd):
         target = compare.parse_server(spec)
         if not target.baseline:
             parser = server_cli.build_parser()
-            parser.parse_args(_without_pending(list(target.flags), parser))
-
-
-# Server flags the docs may name before the server branch that adds them is merged: while the
-# server's parser lacks one, it and its value are dropped and the rest of the line still parses.
-PENDING_SERVER_FLAGS = ("--prefix-cache-size",)
-
-
-def _without_pending(flags: list[str], parser) -> list[str]:
-    out, i = [], 0
-    while i < len(flags):
-        name = flags[i].split("=")[0]
-        if name in PENDING_SERVER_FLAGS and name not in parser._option_string_actions:
-            i += 1 if "=" in flags[i] else 2
-            continue
-        out.append(flags[i])
-        i += 1
-    return out
+            parser.parse_args(list(target.flags))
 
 
 def test_doc_metric_names_are_registered():
