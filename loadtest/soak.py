@@ -127,6 +127,14 @@ def _body(which: str, kind: str, info: dict, i: int) -> tuple[str, bytes, str]:
     return route, json.dumps(payload).encode(), "application/json"
 
 
+async def _close(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    try:
+        await writer.wait_closed()
+    except OSError:  # the server may have reset the connection first
+        pass
+
+
 async def _oversized(url: str, route: str, length: int, *, timeout_s: float) -> str:
     """Announce a ``length``-byte body and read the answer's status before sending any of it.
 
@@ -144,11 +152,7 @@ async def _oversized(url: str, route: str, length: int, *, timeout_s: float) -> 
     except asyncio.TimeoutError:  # NOTE: not an OSError before Python 3.11
         return "TimeoutError"  # the server waited for the body instead of refusing
     finally:
-        writer.close()
-        try:
-            await writer.wait_closed()
-        except OSError:
-            pass
+        await _close(writer)
     parts = line.split()
     return parts[1].decode("ascii", "replace") if len(parts) >= 2 else "closed"
 
@@ -165,11 +169,7 @@ async def _disconnect(url: str, route: str, body: bytes, *, after_send: bool) ->
         if after_send:
             await asyncio.sleep(0.01)  # long enough for the server to start on it
     finally:
-        writer.close()
-        try:
-            await writer.wait_closed()
-        except OSError:
-            pass
+        await _close(writer)
     return "closed"
 
 
@@ -198,11 +198,7 @@ class _Soak:
                 else:
                     r = await client.post(self.c.url + route, content=body, headers={"content-type": ctype})
                     outcome = str(r.status_code)
-            except (httpx.TransportError, OSError) as exc:
-                # NOTE: the server answers an oversized Content-Length with 413 before reading the
-                # body and closes; a client still writing may see the reset instead of the answer.
-                outcome = "closed_early" if which == "oversized_body" else type(exc).__name__
-            except httpx.HTTPError as exc:
+            except (httpx.HTTPError, OSError) as exc:
                 outcome = type(exc).__name__
             self.statuses[which][outcome] += 1
 
