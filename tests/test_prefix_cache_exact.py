@@ -20,16 +20,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from models.runner import load_runner
+from tests.test_model_forward import INSTRUCTION, RERANK_PREFIX, RERANK_SUFFIX  # written out there, independently
 
 
 TOL = 1e-4
-RERANK_PREFIX = (
-    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and "
-    'the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
-    "<|im_start|>user\n"
-)
-RERANK_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
 
 
 def _pack(seqs):
