@@ -12,7 +12,8 @@ With a prefix cache, cached nodes are not rows at all: their K/V come from the p
 Module attribute names are the checkpoint's, so loading is a name walk (models/loader.py), except
 two fused projections named as vLLM/SGLang name them: `qkv_proj` = [q_proj | k_proj | v_proj] and
 `gate_up_proj` = [gate_proj | up_proj], concatenated along the output rows at load time (one GEMM
-instead of three and two).
+instead of three and two). Their linears are ``models.linear.Linear`` (oneDNN-packed weights on
+the CPU); the lm_head stays ``nn.Linear``: pooling reads two rows of it.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from kernels import GatherFn, GatherPairFn
 from models.attention import AttentionBackend
 from models.batch import ForwardBatch
 from models.config import ModelConfig, rope_inv_freq
+from models.linear import Linear
 
 
 class RMSNorm(nn.Module):
@@ -87,9 +89,9 @@ class Attention(nn.Module):
                                                     cfg.num_key_value_heads, cfg.head_dim)
         e, hd = cfg.hidden_size, cfg.head_dim
         # One GEMM for Q, K and V: rows [q | k | v] (models/loader.py concatenates q/k/v_proj).
-        self.qkv_proj = nn.Linear(e, (self.heads + 2 * self.kv_heads) * hd, bias=cfg.qkv_bias)
+        self.qkv_proj = Linear(e, (self.heads + 2 * self.kv_heads) * hd, bias=cfg.qkv_bias)
         self.fused_rows = {"qkv_proj": (self.heads * hd, self.kv_heads * hd, self.kv_heads * hd)}
-        self.o_proj = nn.Linear(self.heads * hd, e, bias=cfg.o_bias)
+        self.o_proj = Linear(self.heads * hd, e, bias=cfg.o_bias)
         if cfg.qk_norm:
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
@@ -131,8 +133,8 @@ class MLP(nn.Module):
         super().__init__()
         e, i = cfg.hidden_size, cfg.intermediate_size
         # One GEMM for gate and up: rows [gate | up] (models/loader.py concatenates them).
-        self.gate_up_proj = nn.Linear(e, 2 * i, bias=cfg.mlp_bias)
-        self.down_proj = nn.Linear(i, e, bias=cfg.mlp_bias)
+        self.gate_up_proj = Linear(e, 2 * i, bias=cfg.mlp_bias)
+        self.down_proj = Linear(i, e, bias=cfg.mlp_bias)
         self.intermediate = i
         self.fused_rows = {"gate_up_proj": (i, i)}
 

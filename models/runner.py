@@ -27,6 +27,7 @@ from models.attention import to_device
 from models.attention_select import select_backend
 from models.batch import ForwardBatch, build_forward_batch
 from models.config import ModelConfig
+from models.linear import pack_linears
 from models.loader import default_device, load_weights, parse_dtype, resolve_model_dir
 from models.pooling import POOLINGS, pool, rerank_logits, token_states
 from models.prefix_cache import BLOCK_TOKENS, DEFAULT_SIZE, PrefixCache, bytes_per_token, capacity_tokens
@@ -83,6 +84,7 @@ class Runner:
     # {backend: why it is not the one running} (start-up log, /info attention_backend_rejected)
     attention_rejected: dict[str, str] = field(default_factory=dict)
     warmup_ms: float | None = None
+    linear: str = "F.linear"  # "onednn-packed" when models.linear packed the weights
 
     @property
     def attention_report(self) -> dict:
@@ -220,11 +222,12 @@ def _token_id(tok: Tokenizer, word: str) -> int:
 def load_runner(model_id: str, *, revision: str | None = None, device=None, dtype=None,
                 radix_attention: str = "compact", pooling: str | None = None,
                 kind: str | None = None, radix_threshold: float = 0.95,
-                prefix_cache_size: str | int = DEFAULT_SIZE) -> Runner:
+                prefix_cache_size: str | int = DEFAULT_SIZE, cpu_packed_weights: bool = True) -> Runner:
     """Resolve, load and wire up a model for serving (see docs/architecture.md).
 
     prefix_cache_size: "512MiB", "2GB", "8192tokens", a byte count, "auto" or 0 (off); see
-    docs/operations.md, "Prefix cache".
+    docs/operations.md, "Prefix cache". cpu_packed_weights: reorder the linear weights for oneDNN
+    on a CPU in float32 (models/linear.py; a second copy of them in memory).
     """
     if not radix_threshold >= 0.0:  # NOTE: also refuses NaN
         raise ValueError(f"radix_threshold must be >= 0, got {radix_threshold!r}")
@@ -252,6 +255,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         model = Qwen3Model(cfg, ker, rope_device=device, lm_head=kind == "reranker")
     load_weights(model, model_dir, device=device, dtype=dtype)
     model.eval()
+    linear = _pack(model, device=device, dtype=dtype, wanted=cpu_packed_weights)
 
     prompts, default_prompt_name = _prompts(model_dir)
     yes_id = no_id = None
@@ -270,10 +274,25 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         kernels=kernels.describe(device), max_positions=max_positions,
         hidden_size=cfg.hidden_size, prompts=prompts, default_prompt_name=default_prompt_name,
         yes_id=yes_id, no_id=no_id, radix_threshold=float(radix_threshold), prefix_cache=prefix_cache,
-        attention_rejected=dict(backend.rejected),
+        attention_rejected=dict(backend.rejected), linear=linear,
     )
     warm_up(runner)
     return runner
+
+
+def _pack(model: Qwen3Model, *, device: torch.device, dtype: torch.dtype, wanted: bool) -> str:
+    """Pack the linears where it pays (CPU float32); say at start which path runs and why."""
+    if not wanted:
+        log.info("linear layers: F.linear (cpu_packed_weights off)")
+        return "F.linear"
+    reason = pack_linears(model, device=device, dtype=dtype)
+    if reason is None:
+        log.info("linear layers: oneDNN with weights packed at load (CPU float32)")
+        return "onednn-packed"
+    # NOTE: not packing is the normal case off the CPU; on the CPU in fp32 it is a slow path
+    (log.warning if device.type == "cpu" and dtype == torch.float32 else log.info)(
+        "linear layers: F.linear (%s)", reason)
+    return "F.linear"
 
 
 WARMUP_LENGTHS = (16, 16, 5)  # a few short sequences: every GEMM shape class, no real cost

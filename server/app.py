@@ -49,6 +49,7 @@ def load_runner(config: ServerConfig):
         pooling=config.pooling,
         radix_threshold=config.radix_mlp_threshold,
         prefix_cache_size=config.prefix_cache_size,
+        cpu_packed_weights=config.cpu_packed_weights,
     )
 
 
@@ -78,6 +79,7 @@ def startup_line(config: ServerConfig, runner, max_len: int) -> str:
         f"radixserve serving model={config.model_name} ({runner.model_id}) kind={runner.kind} "
         f"device={runner.device} dtype={str(runner.dtype).replace('torch.', '')} "
         f"attention_backend={runner.attention_backend} kernels={runner.kernels} "
+        f"linear={getattr(runner, 'linear', 'F.linear')} "
         f"radix_mlp_threshold={config.radix_mlp_threshold} radix_attention={runner.radix_attention} "
         f"batching_policy={config.batching_policy} "
         f"max_input_length={max_len} max_batch_tokens={config.max_batch_tokens} "

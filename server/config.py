@@ -96,6 +96,9 @@ class ServerConfig:
     dense_path: str | None = option(None, "TEI: path of a Dense module", inert="Qwen3 checkpoints have no Dense module")
     prefix_cache_size: str = option(
         "auto", "cross-batch K/V cache of shared prefixes: 512MiB, 2GB, 8192tokens, a byte count, auto or 0 (off)")
+    cpu_packed_weights: bool = option(
+        True, "on a CPU in float32, run linears through oneDNN with weights packed at load "
+              "(faster small batches; a second copy of the weights in memory)")
 
     def __post_init__(self) -> None:
         hints = field_types()

@@ -111,6 +111,7 @@ def build_info(service: Service, *, config, max_input_length: int) -> dict:
         "radix_attention": runner.radix_attention,
         "attention_backend": runner.attention_backend,  # which runs; why not the others:
         "attention_backend_rejected": dict(getattr(runner, "attention_rejected", {})),
+        "linear": getattr(runner, "linear", "F.linear"),
         "batching_policy": config.batching_policy,
         "version": version(),
     }

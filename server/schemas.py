@@ -146,6 +146,7 @@ class Info(BaseModel):
     radix_attention: str
     attention_backend: str
     attention_backend_rejected: dict[str, str] = Field(default_factory=dict)
+    linear: str = "F.linear"  # "onednn-packed": CPU float32 linears on weights packed at load
     batching_policy: str
     version: str
 

@@ -35,6 +35,17 @@ def test_flags_env_and_precedence():
     assert c.auto_truncate is True and c.json_output is True
     c = parse_config(["--json-output", "false"], environ=env)
     assert c.json_output is False
+    assert parse_config([], environ={}).cpu_packed_weights is True
+    assert parse_config(["--cpu-packed-weights", "false"], environ={}).cpu_packed_weights is False
+
+
+def test_cpu_packed_weights_flag_reaches_the_runner(tiny_embedding_dir):
+    from server.app import load_runner
+
+    argv = ["--model-id", str(tiny_embedding_dir), "--prefix-cache-size", "0"]
+    assert load_runner(parse_config(argv, environ={})).linear == "onednn-packed"
+    off = parse_config(argv + ["--cpu-packed-weights", "false"], environ={})
+    assert load_runner(off).linear == "F.linear"
 
 
 @pytest.mark.parametrize("argv", [

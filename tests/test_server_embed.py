@@ -156,6 +156,7 @@ def test_info_health_docs(srv):
     assert info["batching_policy"] == app.state.config.batching_policy
     assert info["attention_backend"] == "sdpa"  # CPU; the others say why they are not used
     assert "needs CUDA" in info["attention_backend_rejected"]["flash-attn"]
+    assert info["linear"] == "onednn-packed"  # CPU float32: weights packed at load
     assert set(info) == set(app.state.info)
     assert httpx.get(srv.url + "/health").status_code == 200
     assert httpx.get(srv.url + "/docs").status_code == 200

@@ -1,0 +1,90 @@
+"""Linear layers with weights reordered once at load for oneDNN on the CPU.
+
+Why: a forward over a few rows (one query, one cached rerank pair) is a stack of GEMMs with a
+small M. MKL's sgemm behind ``F.linear`` repacks the whole weight on every call, so on the CPU a
+2-layer forward over 6 rows costs ~3x reading the weights once (docs/benchmarks.md, "CPU packed
+weights"). oneDNN's linear takes a weight reordered once into its blocked layout
+(``torch.ops.mkldnn._reorder_linear_weight``) and skips that repacking: 1.3-2.7x faster forwards
+from 512 rows down to 6 on the dev CPU, the same arithmetic up to summation order.
+
+Contract:
+- ``Linear`` is ``nn.Linear``; after ``pack_linears`` it keeps its dense ``weight`` (the gradient
+  path, ``F.linear`` whenever autograd records, and anything that reads ``.weight``) plus the
+  reordered copy used under ``torch.inference_mode``/``no_grad`` for 2-D fp32 CPU inputs.
+  Cost: a second copy of every packed weight in host memory (``--cpu-packed-weights false`` at
+  the server turns it off; docs/operations.md).
+- ``pack_linears`` runs only on the CPU in float32, and only after a self-test of the op on the
+  model's first layer against ``F.linear``; any error or mismatch leaves every layer on
+  ``F.linear`` and returns the reason (the runner logs it at WARNING), never a silent slow path.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+SELF_TEST_ROWS = 5
+SELF_TEST_TOL = 1e-4  # relative to the output's scale; fp32 summation order differs by ~1e-6
+
+
+class Linear(nn.Linear):
+    """nn.Linear that uses a oneDNN-reordered weight for CPU fp32 inference once packed."""
+
+    packed: Tensor | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        packed = self.packed
+        if packed is None or torch.is_grad_enabled() or x.dim() != 2 or x.shape[0] == 0 \
+                or x.dtype != torch.float32 or x.device.type != "cpu":
+            return F.linear(x, self.weight, self.bias)
+        return _packed_linear(x.contiguous(), packed, self.bias)
+
+
+def _packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+def _reorder(weight: Tensor) -> Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
+
+
+def pack_linears(model: nn.Module, *, device: torch.device, dtype: torch.dtype) -> str | None:
+    """Reorder every ``Linear`` weight of `model` for oneDNN; None when done, else why not."""
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    if device.type != "cpu":
+        return f"device is {device.type}"
+    if dtype != torch.float32:
+        return f"dtype is {str(dtype).replace('torch.', '')} (packed only in float32)"
+    if not layers:
+        return "no linear layers"
+    if not torch.backends.mkldnn.is_available():
+        return "this torch build has no oneDNN (mkldnn)"
+    try:
+        _self_test(layers[0])
+        packed = [_reorder(m.weight) for m in layers]
+    except Exception as exc:  # noqa: BLE001 -- any failure means the plain path, with its reason
+        return f"oneDNN self-test failed: {type(exc).__name__}: {exc}"
+    for m, p in zip(layers, packed):
+        m.packed = p
+    return None
+
+
+def unpack_linears(model: nn.Module) -> None:
+    """Back to ``F.linear`` everywhere (drops the reordered copies)."""
+    for m in model.modules():
+        if isinstance(m, Linear):
+            m.packed = None
+
+
+def _self_test(layer: Linear) -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(SELF_TEST_ROWS, layer.in_features, generator=gen, dtype=layer.weight.dtype)
+    with torch.inference_mode():
+        want = F.linear(x, layer.weight, layer.bias)
+        got = _packed_linear(x, _reorder(layer.weight), layer.bias)
+    if got.shape != want.shape:
+        raise RuntimeError(f"shape {tuple(got.shape)} != {tuple(want.shape)}")
+    err = (got - want).abs().max().item()
+    scale = want.abs().max().item() or 1.0
+    if not err <= SELF_TEST_TOL * scale:  # NOTE: also catches NaN
+        raise RuntimeError(f"max error {err:.3g} against F.linear (scale {scale:.3g})")
