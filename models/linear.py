@@ -4,8 +4,9 @@ Why: a forward over a few rows (one query, one cached rerank pair) is a stack of
 small M. MKL's sgemm behind ``F.linear`` repacks the whole weight on every call, so on the CPU a
 2-layer forward over 6 rows costs ~3x reading the weights once (docs/benchmarks.md, "CPU packed
 weights"). oneDNN's linear takes a weight reordered once into its blocked layout
-(``torch.ops.mkldnn._reorder_linear_weight``) and skips that repacking: 1.3-2.7x faster forwards
-from 512 rows down to 6 on the dev CPU, the same arithmetic up to summation order.
+(``torch.ops.mkldnn._reorder_linear_weight``) and skips that repacking: on the dev CPU a forward
+over 6 rows is 2.3x faster, 137 rows 1.2x, 512 rows the same (``python -m loadtest.bench_linear``);
+the same arithmetic up to summation order.
 
 Contract:
 - ``Linear`` is ``nn.Linear``; after ``pack_linears`` it keeps its dense ``weight`` (the gradient

@@ -14,6 +14,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from loadtest import bench_forward, bench_index
+from models.linear import pack_linears, unpack_linears
 from models.batch import build_forward_batch
 from models.runner import load_runner
 
@@ -55,8 +56,12 @@ def test_position_wise_share_counts_the_linear_flops(runner):
     ids = np.random.default_rng(0).integers(0, cfg.vocab_size, int(cu[-1])).astype(np.int32)
     fb = build_forward_batch(ids, cu, None, mode="off")
     counter = FlopCounterMode(display=False)
-    with torch.inference_mode(), counter:
-        runner.forward(fb)
+    unpack_linears(runner.model)  # the FLOP counter knows aten's matmuls, not oneDNN's packed op
+    try:
+        with torch.inference_mode(), counter:
+            runner.forward(fb)
+    finally:
+        pack_linears(runner.model, device=runner.device, dtype=runner.dtype)
     counts = counter.get_flop_counts()["Global"]
     linear = sum(v for op, v in counts.items() if "mm" in str(op) and "bmm" not in str(op))
     attn_useful = cfg.num_hidden_layers * sum(
@@ -87,3 +92,14 @@ def test_index_bench_branch_case():
     ids, pos, cu = bench_index.branch_batch(64)
     result = bench_index.measure("branches", (ids, pos, cu), repeats=1)
     assert result.compact_tokens == 1 + 64 == _distinct_prefixes(ids, cu)
+
+
+def test_linear_bench_compares_both_paths(tiny_embedding_dir, capsys):
+    from loadtest import bench_linear
+
+    assert bench_linear.main(["--model-dir", str(tiny_embedding_dir), "--rows", "1", "9", "--repeats", "1"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0].startswith("# packed (oneDNN) vs plain")
+    rows = [line.split() for line in lines[2:]]
+    assert [r[0] for r in rows] == ["1", "9"]
+    assert all(float(r[-1]) < 1e-4 for r in rows)  # both paths compute the same embeddings
