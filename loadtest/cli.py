@@ -220,6 +220,8 @@ def cmd_run(a) -> int:
     ds, reqs = _load(a)
     res = client.run(reqs, _run_config(a, a.url))
     s = report.summarize(res, name=a.name or a.url, meta=_meta(a, ds, url=a.url))
+    for line in report.repeat_warnings([s]):
+        _warn(line)
     _emit([s], a, title=f"radixserve load test: {a.workload}")
     return 0 if res.ok else 1
 
@@ -246,6 +248,8 @@ def cmd_compare(a) -> int:
             (["@baseline"] if t.baseline else []) + list(t.flags))))
         for t, res in results
     ]
+    for line in report.repeat_warnings(summaries):
+        _warn(line)
     _emit(summaries, a, title=f"radixserve compare: {a.workload}")
     return 0 if all(res.ok for _, res in results) else 1
 

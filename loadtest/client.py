@@ -40,6 +40,7 @@ class RunResult:
     errors: Counter = field(default_factory=Counter)  # status -> count
     items_ok: int = 0
     sent: int = 0
+    distinct: int = 0  # requests in the list; sent > distinct means the list repeated
     wall_s: float = 0.0
     metrics: scrape.MetricsDelta = field(default_factory=lambda: scrape.delta(None, None))
 
@@ -168,7 +169,7 @@ async def run_async(requests: list[Request], cfg: RunConfig) -> RunResult:
     url = check_url(cfg.url)
     limit = cfg.requests if cfg.requests is not None else (None if cfg.duration else len(requests))
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-    res = RunResult()
+    res = RunResult(distinct=len(requests))
     pool = httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency)
     async with httpx.AsyncClient(timeout=cfg.timeout, limits=pool, headers=headers) as client:
         for i in range(cfg.warmup):

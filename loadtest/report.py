@@ -31,6 +31,15 @@ def _rate(x: float | None, wall: float) -> float | None:
     return None if x is None or wall <= 0 else x / wall
 
 
+def repeat_warnings(summaries: list[dict]) -> list[str]:
+    """One line per run that went round its request list more than once: a server with a prefix
+    cache answers the repeats from the cache, so its figures would be better than fresh traffic's."""
+    return [f"{s['name']}: {s['requests_sent']} requests sent from a list of {s['distinct_requests']} "
+            f"({s['passes']:.1f} passes): the repeats are served whole by a prefix cache; "
+            f"raise --queries for figures without repeats"
+            for s in summaries if s.get("passes") and s["passes"] > 1]
+
+
 def summarize(result: RunResult, *, name: str, meta: dict | None = None) -> dict:
     """A JSON-ready summary of one run. Latencies in milliseconds."""
     lat = result.latencies_s
@@ -42,6 +51,8 @@ def summarize(result: RunResult, *, name: str, meta: dict | None = None) -> dict
         **(meta or {}),
         "requests_ok": result.ok,
         "requests_sent": result.sent,
+        "distinct_requests": result.distinct,
+        "passes": result.sent / result.distinct if result.distinct else None,  # > 1: requests repeated
         "errors": dict(sorted(result.errors.items())),
         "error_count": sum(result.errors.values()),
         "wall_s": wall,

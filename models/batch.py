@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from models.attention import AttnMeta, make_meta, to_device
-from models.prefix_cache import CacheIO, PrefixCache
+from models.prefix_cache import Lease, PrefixCache
 
 MODES = ("off", "paper", "compact")
 
@@ -226,9 +227,11 @@ def _build_cached(ids: np.ndarray, cu: np.ndarray, index, cache: PrefixCache, le
     first = np.where(cached[rows_of[cu[:-1]]], -1, src_of_row[cu[:-1]] - n_read)
     last = src_of_row[cu[1:] - 1] - n_read  # never cached: m(s) stays below every pooled row
     # [W*block] each written block's rows: original row -> source row, pool slot -> pool row
-    blk = cache.block
-    rows_w = (lease.write_starts[:, None] + np.arange(blk)).ravel()
-    dst_w = (lease.write_slots[:, None] * blk + np.arange(blk)).ravel()
+    # written rows, block by block: write_lens[w] rows from write_starts[w] into slot write_slots[w]
+    lens_w = lease.write_lens
+    within = np.arange(int(lens_w.sum())) - np.repeat(np.cumsum(lens_w) - lens_w, lens_w)  # [sum lens]
+    rows_w = np.repeat(lease.write_starts, lens_w) + within
+    dst_w = np.repeat(lease.write_slots * cache.block, lens_w) + within
     hits = _segment_sum(cached[rows_of].astype(np.int64), cu)  # [B]
     lease.hits, lease.misses = int(hits.sum()), n - int(hits.sum())
 
@@ -247,3 +250,38 @@ def _build_cached(ids: np.ndarray, cu: np.ndarray, index, cache: PrefixCache, le
         scatter=None, gather=None, kv_index=dev(kv_index), mean_weights=None,
         cache=io, cached_tokens=tuple(int(x) for x in hits),
     )
+
+
+GatherPair = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+
+
+@dataclass(frozen=True)
+class CacheIO:
+    """What one batch's attention layers read from and write to the pool (device index tensors).
+
+    Each layer's K/V source is [pool rows read | the batch's new rows], [P + T, Hkv, D]; the
+    batch's kv_index and `write_src` index that source.
+    """
+
+    cache: PrefixCache
+    lease: Lease
+    read_rows: Tensor | None  # [P] int64 pool rows this batch reads (None: it reads none)
+    write_rows: Tensor | None  # [W*block] int64 pool rows this batch writes
+    write_src: Tensor | None  # [W*block] int64 row of the source holding each written row
+
+    def extend(self, layer: int, k: Tensor, v: Tensor, gather_pair: GatherPair) -> tuple[Tensor, Tensor]:
+        """k, v [T, Hkv, D] -> [P + T, Hkv, D], storing this layer's new blocks on the way."""
+        if self.read_rows is not None:
+            kp, vp = gather_pair(self.cache.k[layer], self.cache.v[layer], self.read_rows)  # [P, Hkv, D]
+            k, v = torch.cat((kp, k)), torch.cat((vp, v))
+        if self.write_rows is not None:
+            # NOTE: detached: the pool is a constant to autograd, never part of a graph.
+            self.cache.k[layer].index_copy_(0, self.write_rows, k.detach().index_select(0, self.write_src))
+            self.cache.v[layer].index_copy_(0, self.write_rows, v.detach().index_select(0, self.write_src))
+        return k, v
+
+    def commit(self) -> None:
+        self.cache.commit(self.lease)
+
+    def abort(self) -> None:
+        self.cache.abort(self.lease)

@@ -11,9 +11,13 @@ sequence that matches the first k (1..block-1) tokens of a cached child of its l
 block reads those k rows too (a partial match); a second index keys every committed block by
 (parent id, its first k tokens) for each k, so finding the longest such k is a binary search of
 dict look-ups whatever the number of siblings (every pair after the reranker template shares one
-parent). New blocks are still written whole: only a sequence's complete blocks that are not
-cached are written, including the block it read partially (its own version differs from the
-cached one past the shared tokens); a tail shorter than a block is never written.
+parent). A sequence writes its complete blocks that are not cached (including the block it read
+partially: its own version differs from the cached one past the shared tokens) and its tail, the
+t < block tokens after its last complete block, as a *tail block*: a leaf holding t rows in a
+whole slot, keyed by its t tokens (so no full-width look-up ever finds it) and found only by the
+partial look-up. A tail is not written when a committed block already starts with those tokens.
+Tails let short inputs share a prefix that ends mid-block: a 20-token instruction followed by
+each query's own words is read to its 20th token by the next query, not the 16th.
 
 Invariants:
 - Chains are prefix-closed: a committed block's parent is committed. Eviction takes unpinned
@@ -27,49 +31,22 @@ from __future__ import annotations
 
 import collections
 import itertools
-import re
 import threading
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import torch
-from torch import Tensor
+
+from models.prefix_cache_size import DEFAULT_SIZE, bytes_per_token, capacity_tokens  # noqa: F401 (re-exported)
 
 BLOCK_TOKENS = 16
-DEFAULT_SIZE = "auto"  # min(512 MiB, 65536 tokens): safe next to a small GPU's model and on CPU
-_AUTO_BYTES, _AUTO_TOKENS = 512 << 20, 65536
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$")
-
-
-def bytes_per_token(*, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-    """K and V of one token across all layers: 2 * layers * Hkv * D * dtype bytes."""
-    return 2 * layers * kv_heads * head_dim * torch.empty(0, dtype=dtype).element_size()
-
-
-def capacity_tokens(size: str | int, per_token: int) -> int:
-    """Token rows a size allows: "512MiB", "2GB", "8192tokens", a byte count, "auto"; 0 disables."""
-    text = str(size).strip().lower()
-    if text == "auto":
-        return min(_AUTO_BYTES // per_token, _AUTO_TOKENS)
-    m = _SIZE.match(text)
-    if m is None:
-        raise ValueError(f"prefix cache size must look like 512MiB, 2GB, 8192tokens or 0, got {size!r}")
-    value, unit = float(m.group(1)), m.group(2)
-    if unit in ("token", "tokens"):
-        return int(value)
-    if unit not in _UNITS:
-        raise ValueError(f"unknown unit {unit!r} in prefix cache size {size!r}")
-    return int(value * _UNITS[unit]) // per_token
 
 
 @dataclass(eq=False)
 class _Block:
     id: int
     parent: "_Block | None"
-    tokens: bytes  # the block's token ids, int32
+    tokens: bytes  # the block's token ids, int32: `block` of them, or fewer for a tail block
     depth: int  # block index from position 0
     slot: int  # pool rows slot*block .. slot*block + block - 1
     refs: int = 0
@@ -88,6 +65,7 @@ class Lease:
     read_rows: np.ndarray  # [sum matched] int64 pool row of each matched token, sequence by sequence
     write_starts: np.ndarray  # [W] int64 original row of each written block's first token
     write_slots: np.ndarray  # [W] int64 pool slot of each written block
+    write_lens: np.ndarray  # [W] int64 rows written of each block: block, or t for a tail block
     pinned: list[_Block] = field(default_factory=list)
     pending: list[_Block] = field(default_factory=list)
     hits: int = 0  # tokens read from the cache, set by the batch builder
@@ -143,7 +121,9 @@ class PrefixCache:
         reads: list[np.ndarray] = []
         starts: list[int] = []
         slots: list[int] = []
-        lease = Lease(matched, np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+        lens: list[int] = []
+        empty = np.zeros(0, np.int64)
+        lease = Lease(matched, empty, empty, empty, empty)
         pending: dict[tuple[int, bytes], _Block] = {}
         offsets = np.arange(blk, dtype=np.int64)
         with self._lock:
@@ -175,24 +155,41 @@ class PrefixCache:
                                   + offsets).ravel())
                 if part is not None:
                     reads.append(part.slot * blk + offsets[:k])
+                chained = True  # every complete block is cached or written (a tail may follow)
                 for jj in range(j, n_full):
                     key = (parent.id if parent else 0, raw[jj * width:(jj + 1) * width])
                     mine = pending.get(key)
                     if mine is None:
-                        slot = self._allocate()
-                        if slot is None:
-                            break  # pool full of pinned or inner blocks: write nothing deeper
-                        mine = _Block(next(self._ids), parent, key[1], jj, slot)
-                        pending[key] = mine
-                        lease.pending.append(mine)
-                        starts.append(a + jj * blk)
-                        slots.append(slot)
+                        mine = self._new(parent, key[1], jj, a + jj * blk, blk, pending, lease, starts, slots, lens)
+                        if mine is None:
+                            chained = False  # pool full of pinned or inner blocks: write nothing deeper
+                            break
                     parent = mine
+                tail = int(cu[s + 1]) - (a + n_full * blk)
+                if chained and tail:
+                    key = (parent.id if parent else 0, ids[a + n_full * blk:int(cu[s + 1])].tobytes())
+                    if key not in self._prefixes and key not in pending:  # not cached, not being written
+                        self._new(parent, key[1], n_full, a + n_full * blk, tail, pending, lease, starts, slots, lens)
         if reads:
             lease.read_rows = np.concatenate(reads)
         lease.write_starts = np.asarray(starts, dtype=np.int64)
         lease.write_slots = np.asarray(slots, dtype=np.int64)
+        lease.write_lens = np.asarray(lens, dtype=np.int64)
         return lease
+
+    def _new(self, parent, tokens: bytes, depth: int, start: int, n: int, pending: dict,
+             lease: Lease, starts: list, slots: list, lens: list) -> _Block | None:
+        """A pending block of this lease (n rows from original row `start`); None if no slot."""
+        slot = self._allocate()
+        if slot is None:
+            return None
+        b = _Block(next(self._ids), parent, tokens, depth, slot)
+        pending[b.key] = b
+        lease.pending.append(b)
+        starts.append(start)
+        slots.append(slot)
+        lens.append(n)
+        return b
 
     def _partial(self, parent: _Block | None, tail: np.ndarray) -> tuple[_Block | None, int]:
         """The committed child of `parent` sharing the longest run of leading tokens with `tail`
@@ -214,10 +211,14 @@ class PrefixCache:
         self._index[b.key] = b
         self._lru[b.id] = b
         pid = b.parent.id if b.parent is not None else 0
-        for k in range(1, self.block):
+        for k in self._prefix_lengths(b):
             self._prefixes.setdefault((pid, b.tokens[:4 * k]), {})[b.id] = b
         if b.parent is not None:
             b.parent.children += 1
+
+    def _prefix_lengths(self, b: _Block) -> range:
+        """Leading-token counts the partial index holds `b` under: 1..block-1, or 1..t for a tail."""
+        return range(1, min(self.block - 1, len(b.tokens) // 4) + 1)
 
     def _allocate(self) -> int | None:
         if self._free:
@@ -233,7 +234,7 @@ class PrefixCache:
         del self._index[b.key]
         del self._lru[b.id]
         pid = b.parent.id if b.parent is not None else 0
-        for k in range(1, self.block):
+        for k in self._prefix_lengths(b):
             key = (pid, b.tokens[:4 * k])
             holders = self._prefixes[key]
             del holders[b.id]
@@ -284,38 +285,3 @@ class PrefixCache:
             for b in lease.pinned:
                 b.refs -= 1
             self._free.extend(b.slot for b in lease.pending)
-
-
-GatherPair = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
-
-
-@dataclass(frozen=True)
-class CacheIO:
-    """What one batch's attention layers read from and write to the pool (device index tensors).
-
-    Each layer's K/V source is [pool rows read | the batch's new rows], [P + T, Hkv, D]; the
-    batch's kv_index and `write_src` index that source.
-    """
-
-    cache: PrefixCache
-    lease: Lease
-    read_rows: Tensor | None  # [P] int64 pool rows this batch reads (None: it reads none)
-    write_rows: Tensor | None  # [W*block] int64 pool rows this batch writes
-    write_src: Tensor | None  # [W*block] int64 row of the source holding each written row
-
-    def extend(self, layer: int, k: Tensor, v: Tensor, gather_pair: GatherPair) -> tuple[Tensor, Tensor]:
-        """k, v [T, Hkv, D] -> [P + T, Hkv, D], storing this layer's new blocks on the way."""
-        if self.read_rows is not None:
-            kp, vp = gather_pair(self.cache.k[layer], self.cache.v[layer], self.read_rows)  # [P, Hkv, D]
-            k, v = torch.cat((kp, k)), torch.cat((vp, v))
-        if self.write_rows is not None:
-            # NOTE: detached: the pool is a constant to autograd, never part of a graph.
-            self.cache.k[layer].index_copy_(0, self.write_rows, k.detach().index_select(0, self.write_src))
-            self.cache.v[layer].index_copy_(0, self.write_rows, v.detach().index_select(0, self.write_src))
-        return k, v
-
-    def commit(self) -> None:
-        self.cache.commit(self.lease)
-
-    def abort(self) -> None:
-        self.cache.abort(self.lease)

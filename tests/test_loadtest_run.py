@@ -124,6 +124,14 @@ def test_duration_bound_and_connection_errors(fake_server):
     t0 = time.perf_counter()
     res = client.run(reqs, client.RunConfig(url=url, concurrency=2, duration=0.5, warmup=0, progress=False))
     assert 0.5 <= time.perf_counter() - t0 < 10 and res.ok > 0 and not res.errors
+    # a fake server answers at once: 0.5 s goes round this short list, and the report says so
+    assert res.distinct == len(reqs) and res.sent > len(reqs)
+    s = report.summarize(res, name="fast")
+    assert s["passes"] == pytest.approx(res.sent / len(reqs))
+    (line,) = report.repeat_warnings([s])
+    assert line.startswith(f"fast: {res.sent} requests sent from a list of {len(reqs)}")
+    one = client.run(reqs, client.RunConfig(url=url, concurrency=2, warmup=0, progress=False))
+    assert one.sent == len(reqs) and report.repeat_warnings([report.summarize(one, name="once")]) == []
     dead = f"http://127.0.0.1:{_free_port()}"
     res = client.run(reqs, client.RunConfig(url=dead, concurrency=2, requests=4, warmup=0, progress=False))
     assert res.ok == 0 and dict(res.errors) == {"connection": 4} and res.metrics.mean_ratio is None

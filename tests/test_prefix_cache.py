@@ -41,13 +41,14 @@ def _check(cache: PrefixCache, live_pending: int = 0) -> None:
         assert b.parent is None or b.parent.id in ids, "a committed block lost its parent"
         assert b.children == sum(1 for c in committed if c.parent is b)
         assert cache._index[b.key] is b
+        assert len(b.tokens) == 4 * BLK or b.children == 0, "a tail block has children"
     assert set(cache._lru) == ids
     slots = [b.slot for b in committed] + list(cache._free)
     assert len(slots) == len(set(slots)) and len(slots) + live_pending == cache.n_slots
     prefixes = {}  # the partial-match index, recounted
     for b in committed:
         pid = b.parent.id if b.parent is not None else 0
-        for k in range(1, BLK):
+        for k in range(1, min(BLK - 1, len(b.tokens) // 4) + 1):  # a tail of t tokens: 1..t
             prefixes.setdefault((pid, b.tokens[:4 * k]), set()).add(b.id)
     assert {key: set(v) for key, v in cache._prefixes.items()} == prefixes
     order = list(cache._lru.values())
@@ -76,17 +77,20 @@ def test_lookup_is_exact_and_sees_committed_blocks_only():
     cache = _cache(8)
     a = _seq(1, 40)
     lease = cache.plan(*_pack(a))
-    assert lease.matched.tolist() == [0] and len(lease.write_slots) == 2  # two full blocks
+    # two full blocks and the 8-token tail
+    assert lease.matched.tolist() == [0] and lease.write_lens.tolist() == [BLK, BLK, 8]
     twin = cache.plan(*_pack(a))
     assert twin.matched.tolist() == [0]  # pending rows are invisible
     cache.abort(twin)
     cache.commit(lease)
     again = cache.plan(*_pack(a, a[:20], _seq(2, 40)))
-    # a[:20]: block 1 and then 3 of the second block's rows (its last token is always computed)
-    assert again.matched.tolist() == [32, 19, 0]
+    # a: both blocks and 7 rows of its tail (its last token is always computed); a[:20]: block 1
+    # and then 3 of the second block's rows
+    assert again.matched.tolist() == [39, 19, 0]
     slots = [b.slot for b in lease.pending]
-    want = np.concatenate([np.arange(BLK) + s * BLK for s in slots])
-    assert again.read_rows.tolist() == want.tolist() + want[:19].tolist()
+    want = np.concatenate([np.arange(BLK) + s * BLK for s in slots[:2]])
+    tail = np.arange(7) + slots[2] * BLK
+    assert again.read_rows.tolist() == want.tolist() + tail.tolist() + want[:19].tolist()
     # the same second block after a different first block is another prefix: no match
     other = _seq(2, 40)
     other[16:32] = a[16:32]
@@ -154,13 +158,13 @@ def test_partial_blocks_match_their_leading_tokens():
 def test_duplicate_writes_dedupe_within_and_across_batches():
     cache = _cache(8)
     a = _seq(1, 33)
-    l1 = cache.plan(*_pack(a, a))  # the same blocks twice in one batch: written once
-    assert len(l1.write_slots) == 2
+    l1 = cache.plan(*_pack(a, a))  # the same blocks (two full, a 1-token tail) twice: written once
+    assert l1.write_lens.tolist() == [BLK, BLK, 1]
     l2 = cache.plan(*_pack(a))  # a second batch in flight writes its own copy
-    assert len(l2.write_slots) == 2
+    assert len(l2.write_slots) == 3
     cache.commit(l1)
     cache.commit(l2)  # its copies lose to the published blocks and are freed
-    assert cache.stats()["blocks"] == 2 and cache.bytes_in_use == 2 * BLK * cache.bytes_per_token
+    assert cache.stats()["blocks"] == 3 and cache.bytes_in_use == 3 * BLK * cache.bytes_per_token
     _check(cache)
 
 
@@ -230,3 +234,31 @@ def test_server_flag_and_environment():
     assert parse_config([], environ={"PREFIX_CACHE_SIZE": "0"}).prefix_cache_size == "0"
     with pytest.raises(ValueError):
         ServerConfig(prefix_cache_size="a lot")
+
+
+def test_tails_are_written_once_read_partially_and_stay_leaves():
+    cache = _cache(16)
+    head = list(range(2000, 2020))  # a 20-token instruction: one full block and a 4-token tail
+    first = head + list(range(3000, 3006))  # 26 tokens: block 0 and a 10-token tail
+    lease = cache.plan(*_pack(first))
+    assert lease.write_lens.tolist() == [BLK, 10] and lease.write_starts.tolist() == [0, BLK]
+    cache.commit(lease)
+    tail = lease.pending[1]
+    assert len(tail.tokens) == 4 * 10 and tail.parent is lease.pending[0]
+    second = head + list(range(4000, 4006))  # the next query reads the instruction to its end
+    lease = cache.plan(*_pack(second))
+    assert lease.matched.tolist() == [20]
+    _check_reads(cache, lease, [second])
+    assert lease.write_lens.tolist() == [10]  # its own tail (shares only 4 tokens with the cached one)
+    cache.commit(lease)
+    # a tail that a committed block already starts with is not written again
+    lease = cache.plan(*_pack(first[:23]))
+    assert lease.matched.tolist() == [22] and lease.write_lens.tolist() == []
+    cache.commit(lease)
+    # a longer input completes that block: a new full block under block 0, the tail stays a leaf
+    longer = first + list(range(5000, 5010))
+    lease = cache.plan(*_pack(longer))
+    assert lease.matched.tolist() == [26] and lease.write_lens.tolist() == [BLK, 4]
+    assert lease.pending[0].parent is tail.parent and tail.children == 0
+    cache.commit(lease)
+    _check(cache)

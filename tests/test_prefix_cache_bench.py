@@ -1,9 +1,9 @@
 """bench_cache runs, and the computed rows it reports under the cache match an independent count.
 
 The count: with a pool large enough to keep everything, one sequence per batch reads
-min(common prefix with an earlier sequence, that sequence's full blocks (16 * floor(len / 16)),
-len - 1) tokens from the cache, maximised over the earlier sequences (rows of a block are read up
-to the last shared token, so the count need not be a block multiple); times are never asserted.
+min(common prefix with an earlier sequence, len - 1) tokens from the cache, maximised over the
+earlier sequences (an earlier sequence left every token in the pool: its whole blocks and its
+tail; rows of a block are read up to the last shared token); times are never asserted.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def _expected_rows(seqs: list[list[int]]) -> list[int]:
     for k, s in enumerate(seqs):
         best = 0
         for e in seqs[:k]:
-            best = max(best, min(_lcp(s, e), len(e) // 16 * 16, len(s) - 1))
+            best = max(best, min(_lcp(s, e), len(s) - 1))
         rows.append(len(s) - best)
     return rows
 

@@ -158,6 +158,7 @@ def test_real_templates_match_transformers_across_batches(tiny_reranker_dir, tin
     em = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32")
     hf = AutoModel.from_pretrained(str(tiny_embedding_dir), dtype=torch.float32).eval()
     prompt = f"Instruct: {INSTRUCTION}\nQuery:"
+    prev: list[int] = []
     for query in ("what is the capital of france", "who wrote hamlet", "boiling point of water"):
         seq = em.tokenizer.encode(prompt + query).ids
         fb = _prepare(em, [seq], False)
@@ -165,7 +166,11 @@ def test_real_templates_match_transformers_across_batches(tiny_reranker_dir, tin
         with torch.no_grad():
             want = hf(input_ids=torch.tensor([seq])).last_hidden_state[0, -1]
         assert (got[0] - want).abs().max().item() < TOL
-    assert fb.forward.cached_tokens[0] == 16
+        # everything it shares with the query before, the prompt's tail block included
+        shared = next((i for i, (a, b) in enumerate(zip(prev, seq)) if a != b), min(len(prev), len(seq)))
+        assert fb.forward.cached_tokens[0] == shared
+        prev = seq
+    assert shared > 16  # more than the prompt's first whole block
 
 
 def test_counts_of_a_cached_batch(tiny_embedding_dir):
@@ -176,12 +181,12 @@ def test_counts_of_a_cached_batch(tiny_embedding_dir):
     on.run(first)
     again = _prepare(on, [seq, seq[:20]], True)  # in-batch trie and cache together
     assert again.forward.cached_tokens == (19, 19)  # capped below the second sequence's last token
-    again = _prepare(on, [seq], False)
-    assert again.forward.cached_tokens == (32,) and again.forward.computed_tokens == (8,) and again.forward.num_rows == 8
-    assert again.forward.cache_hit_tokens == 32 and again.forward.cache_miss_tokens == 8
+    again = _prepare(on, [seq], False)  # two blocks and its 8-token tail are cached: all but the last
+    assert again.forward.cached_tokens == (39,) and again.forward.computed_tokens == (1,) and again.forward.num_rows == 1
+    assert again.forward.cache_hit_tokens == 39 and again.forward.cache_miss_tokens == 1
     on.run(again)
     stats = on.prefix_cache.stats()
-    assert stats["hit_tokens"] == 32 and stats["miss_tokens"] == 48
+    assert stats["hit_tokens"] == 39 and stats["miss_tokens"] == 41
 
 
 def test_a_shared_instruction_is_read_to_its_last_token(tiny_embedding_dir, embedding_off):
@@ -276,9 +281,9 @@ def test_compute_tokens_count_only_what_was_computed(tiny_embedding_dir):
 
     first, again = asyncio.run(go())
     assert first.compute_tokens == 50
-    # Second request: the first item reads 48 tokens from the pool; the second shares its first 40
-    # tokens with the first item, whose cached path covers them (a partial block is not stored).
-    assert again.compute_tokens == (50 - 48) + (45 - 40)
+    # Second request: the first item reads all but its last token from the pool (3 blocks and its
+    # 2-token tail); the second reads the 40 tokens it shares with it.
+    assert again.compute_tokens == (50 - 49) + (45 - 40)
     np.testing.assert_allclose(again.outputs[0], first.outputs[0], atol=TOL, rtol=0)
 
 
@@ -307,14 +312,16 @@ def test_metrics_report_the_cache(tiny_embedding_dir):
     on = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32", prefix_cache_size="32tokens")
     metrics = Metrics()
     metrics.watch_prefix_cache(on.prefix_cache)
-    for start in (300, 300, 400):  # miss, hit, a new chain that evicts
+    # 20 tokens = a block and a 4-token tail, 2 slots: a miss; a hit on 19 tokens (all but the
+    # last); a new chain that evicts both (the tail, a leaf, first; then its parent)
+    for start in (300, 300, 400):
         on.run(_prepare(on, [list(range(start, start + 20))], False))
     samples = {(s.name, s.labels.get("result")): s.value
                for fam in text_string_to_metric_families(generate_latest(metrics.registry).decode())
                for s in fam.samples}
-    assert samples[("radixserve_prefix_cache_tokens_total", "hit")] == 16
-    assert samples[("radixserve_prefix_cache_tokens_total", "miss")] == 60 - 16
-    assert samples[("radixserve_prefix_cache_evictions_total", None)] == 0  # 2 blocks fit 2 chains
+    assert samples[("radixserve_prefix_cache_tokens_total", "hit")] == 19
+    assert samples[("radixserve_prefix_cache_tokens_total", "miss")] == 60 - 19
+    assert samples[("radixserve_prefix_cache_evictions_total", None)] == 2
     assert samples[("radixserve_prefix_cache_bytes", None)] == on.prefix_cache.bytes_in_use > 0
 
 
