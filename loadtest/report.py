@@ -73,6 +73,8 @@ def summarize(result: RunResult, *, name: str, meta: dict | None = None) -> dict
             "token_compression_ratio": m.token_ratio,
             "tokens_original": m.tokens_original,
             "tokens_compact": m.tokens_compact,
+            "prefix_cache_hit_tokens": m.cache_hit,  # 0 with the cache off; None: no such series (a peer)
+            "prefix_cache_miss_tokens": m.cache_miss,
         },
         # Kept for plots (latency CDF); small: one float per successful request.
         "latencies_ms": [1000.0 * v for v in lat],

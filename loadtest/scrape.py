@@ -2,7 +2,9 @@
 
 te_radix_mlp_compression_ratio is a histogram of N'/N per batch, so delta(_sum)/delta(_count) is the
 mean per-batch ratio over the run; radixserve_tokens_total{kind} deltas give the token-weighted
-ratio compact/original and the tokens/s figure. Missing series stay None (e.g. the baseline).
+ratio compact/original and the tokens/s figure; radixserve_prefix_cache_tokens_total{result} deltas
+give the tokens read from the prefix cache (hit) and those it did not serve (miss). Missing series
+stay None (e.g. the baseline).
 Counters only grow within one server process: a counter that went down between the scrapes, or a
 changed `te_radix_mlp_compression_ratio_created` (the histogram is made at process start), means
 the server restarted, and the deltas are None (unknown), never a negative or partial figure.
@@ -15,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 RATIO = "te_radix_mlp_compression_ratio"
 TOKENS = "radixserve_tokens_total"
+CACHE = "radixserve_prefix_cache_tokens_total"
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,8 @@ class Snapshot:
     tokens_original: float | None = None
     tokens_compact: float | None = None
     ratio_created: float | None = None  # when the (unlabelled) histogram was made: the process start
+    cache_hit: float | None = None
+    cache_miss: float | None = None
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,8 @@ class MetricsDelta:
     mean_ratio: float | None  # mean of per-batch N'/N
     tokens_original: float | None
     tokens_compact: float | None
+    cache_hit: float | None = None  # tokens read from the prefix cache
+    cache_miss: float | None = None  # tokens of cached-path batches the cache did not serve
 
     @property
     def token_ratio(self) -> float | None:
@@ -50,6 +57,8 @@ def parse(text: str) -> Snapshot:
                 key = s.name
             elif s.name == TOKENS and s.labels.get("kind") in ("original", "compact"):
                 key = f"{TOKENS}:{s.labels['kind']}"
+            elif s.name == CACHE and s.labels.get("result") in ("hit", "miss"):
+                key = f"{CACHE}:{s.labels['result']}"
             else:
                 continue
             vals[key] = vals.get(key, 0.0) + float(s.value)
@@ -59,6 +68,8 @@ def parse(text: str) -> Snapshot:
         tokens_original=vals.get(f"{TOKENS}:original"),
         tokens_compact=vals.get(f"{TOKENS}:compact"),
         ratio_created=vals.get(RATIO + "_created"),
+        cache_hit=vals.get(f"{CACHE}:hit"),
+        cache_miss=vals.get(f"{CACHE}:miss"),
     )
 
 
@@ -85,4 +96,7 @@ def delta(before: Snapshot | None, after: Snapshot | None) -> MetricsDelta:
         mean_ratio=mean,
         tokens_original=_sub(after.tokens_original, orig_before),
         tokens_compact=_sub(after.tokens_compact, comp_before),
+        # NOTE: radixserve exports these from start (zeros with the cache off); peers lack them
+        cache_hit=_sub(after.cache_hit, before.cache_hit),
+        cache_miss=_sub(after.cache_miss, before.cache_miss),
     )

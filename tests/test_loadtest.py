@@ -261,6 +261,28 @@ def test_prometheus_from_scheduler_metrics_registry():
     snap = scrape.parse(generate_latest(m.registry).decode())
     assert snap.ratio_count == 2 and snap.ratio_sum == pytest.approx(0.75)
     assert snap.tokens_original == 100 and snap.tokens_compact == 60
+    assert snap.cache_hit == 0 and snap.cache_miss == 0  # the series exist, zeros without a cache
+
+
+def test_prefix_cache_tokens_from_the_real_series():
+    import numpy as np
+    import torch
+    from prometheus_client import generate_latest
+
+    from models.prefix_cache import PrefixCache
+    from scheduler.metrics import Metrics
+
+    cache = PrefixCache(layers=1, kv_heads=1, head_dim=2, capacity=64, dtype=torch.float32, device="cpu")
+    m = Metrics()
+    m.watch_prefix_cache(cache)
+    before = scrape.parse(generate_latest(m.registry).decode())
+    assert (before.cache_hit, before.cache_miss) == (0, 0)
+    for hits, misses in ((0, 20), (19, 1)):  # what the batch builder records on a lease
+        lease = cache.plan(np.arange(20, dtype=np.int32), np.asarray([0, 20]))
+        lease.hits, lease.misses = hits, misses
+        cache.commit(lease)
+    d = scrape.delta(before, scrape.parse(generate_latest(m.registry).decode()))
+    assert (d.cache_hit, d.cache_miss) == (19, 21) == (cache.hits, cache.misses)
 
 
 # ---------------------------------------------------------------- compare targets
