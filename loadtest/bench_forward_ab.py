@@ -42,7 +42,8 @@ def ops_per_layer(runner: Runner, fb) -> dict[str, int]:
     events = list(prof.events())
     mark = next(e for e in events if e.name == "radixserve::layer0")
     lo, hi = mark.time_range.start, mark.time_range.end
-    inside = [e for e in events if e.name.startswith("aten::") and lo <= e.time_range.start
+    # NOTE: mkldnn:: too: the CPU's packed linears (models/linear.py) are oneDNN ops
+    inside = [e for e in events if e.name.startswith(("aten::", "mkldnn::")) and lo <= e.time_range.start
               and e.time_range.end <= hi]
     # top level: an aten op not nested in another aten op of the layer
     top = [e for e in inside if not any(o is not e and o.time_range.start <= e.time_range.start

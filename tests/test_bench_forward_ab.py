@@ -21,7 +21,8 @@ def test_ops_per_layer_counts_the_fused_layer(runner):
     assert set(counts) == {"off", "paper", "compact"}
     off = counts["off"]["ops"]
     # one GEMM for q/k/v, one for gate/up, then o and down; three norms; one rotary addcmul
-    assert off["aten::linear"] == 4 and off["aten::rms_norm"] == 3 and off["aten::addcmul"] == 1
+    gemms = off.get("aten::linear", 0) + off.get("mkldnn::_linear_pointwise", 0)  # packed on the CPU
+    assert gemms == 4 and off["aten::rms_norm"] == 3 and off["aten::addcmul"] == 1
     assert "aten::pow" not in off and "aten::rsqrt" not in off
     assert counts["off"]["compute"] < counts["off"]["total"]
     assert counts["paper"]["ops"]["aten::index_select"] == 4  # Q, K, V scatter + output gather
