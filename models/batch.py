@@ -226,8 +226,8 @@ def _build_cached(ids: np.ndarray, cu: np.ndarray, index, cache: PrefixCache, le
     # turns the cache off for cls and mean pooling).
     first = np.where(cached[rows_of[cu[:-1]]], -1, src_of_row[cu[:-1]] - n_read)
     last = src_of_row[cu[1:] - 1] - n_read  # never cached: m(s) stays below every pooled row
-    # [W*block] each written block's rows: original row -> source row, pool slot -> pool row
-    # written rows, block by block: write_lens[w] rows from write_starts[w] into slot write_slots[w]
+    # written rows, block by block: write_lens[w] rows (block, or t for a tail) from original row
+    # write_starts[w] into slot write_slots[w]: original row -> source row, pool slot -> pool row
     lens_w = lease.write_lens
     within = np.arange(int(lens_w.sum())) - np.repeat(np.cumsum(lens_w) - lens_w, lens_w)  # [sum lens]
     rows_w = np.repeat(lease.write_starts, lens_w) + within
@@ -266,8 +266,8 @@ class CacheIO:
     cache: PrefixCache
     lease: Lease
     read_rows: Tensor | None  # [P] int64 pool rows this batch reads (None: it reads none)
-    write_rows: Tensor | None  # [W*block] int64 pool rows this batch writes
-    write_src: Tensor | None  # [W*block] int64 row of the source holding each written row
+    write_rows: Tensor | None  # [sum write_lens] int64 pool rows this batch writes
+    write_src: Tensor | None  # [sum write_lens] int64 row of the source holding each written row
 
     def extend(self, layer: int, k: Tensor, v: Tensor, gather_pair: GatherPair) -> tuple[Tensor, Tensor]:
         """k, v [T, Hkv, D] -> [P + T, Hkv, D], storing this layer's new blocks on the way."""
