@@ -9,11 +9,14 @@ over 6 rows is 2.3x faster, 137 rows 1.2x, 512 rows the same (``python -m loadte
 the same arithmetic up to summation order.
 
 Contract:
-- ``Linear`` is ``nn.Linear``; after ``pack_linears`` it keeps its dense ``weight`` (the gradient
-  path, ``F.linear`` whenever autograd records, and anything that reads ``.weight``) plus the
-  reordered copy used under ``torch.inference_mode``/``no_grad`` for 2-D fp32 CPU inputs.
-  Cost: a second copy of every packed weight in host memory (``--cpu-packed-weights false`` at
-  the server turns it off; docs/operations.md).
+- ``Linear`` is ``nn.Linear``; after ``pack_linears`` it runs the reordered weight under
+  ``torch.inference_mode``/``no_grad`` for 2-D fp32 CPU inputs, and ``F.linear`` otherwise.
+  With ``keep_dense=True`` (the library default) the dense ``weight`` stays too: gradients reach
+  it, at the cost of a second copy of every packed weight. The server packs with
+  ``keep_dense=False``: ``weight`` becomes an empty placeholder, so serving holds one copy, and
+  the rare other path (autograd recording, another shape or dtype) runs ``F.linear`` on the
+  weight rebuilt from the packed copy (exact: a reorder is a permutation). ``--cpu-packed-weights
+  false`` at the server keeps plain ``F.linear`` (docs/operations.md).
 - ``pack_linears`` runs only on the CPU in float32, and only after a self-test of the op on the
   model's first layer against ``F.linear``; any error or mismatch leaves every layer on
   ``F.linear`` and returns the reason (the runner logs it at WARNING), never a silent slow path.
@@ -32,13 +35,20 @@ class Linear(nn.Linear):
     """nn.Linear that uses a oneDNN-reordered weight for CPU fp32 inference once packed."""
 
     packed: Tensor | None = None
+    dense_dropped: bool = False  # weight is a placeholder; the packed copy is the only one
 
     def forward(self, x: Tensor) -> Tensor:
         packed = self.packed
         if packed is None or torch.is_grad_enabled() or x.dim() != 2 or x.shape[0] == 0 \
                 or x.dtype != torch.float32 or x.device.type != "cpu":
-            return F.linear(x, self.weight, self.bias)
+            return F.linear(x, self.dense_weight(), self.bias)
         return _packed_linear(x.contiguous(), packed, self.bias)
+
+    def dense_weight(self) -> Tensor:
+        """[out, in]: the weight itself, or rebuilt from the packed copy once it was dropped."""
+        if self.dense_dropped:
+            return self.packed.to_dense()
+        return self.weight
 
 
 def _packed_linear(x: Tensor, packed: Tensor, bias: Tensor | None) -> Tensor:
@@ -49,8 +59,11 @@ def _reorder(weight: Tensor) -> Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
 
 
-def pack_linears(model: nn.Module, *, device: torch.device, dtype: torch.dtype) -> str | None:
-    """Reorder every ``Linear`` weight of `model` for oneDNN; None when done, else why not."""
+def pack_linears(model: nn.Module, *, device: torch.device, dtype: torch.dtype,
+                 keep_dense: bool = True) -> str | None:
+    """Reorder every ``Linear`` weight of `model` for oneDNN; None when done, else why not.
+
+    keep_dense=False frees each dense weight once its packed copy exists (module docstring)."""
     layers = [m for m in model.modules() if isinstance(m, Linear)]
     if device.type != "cpu":
         return f"device is {device.type}"
@@ -62,27 +75,39 @@ def pack_linears(model: nn.Module, *, device: torch.device, dtype: torch.dtype) 
         return "this torch build has no oneDNN (mkldnn)"
     try:
         _self_test(layers[0])
-        packed = [_reorder(m.weight) for m in layers]
+        todo = [m for m in layers if not m.dense_dropped]  # a dropped one is packed already
+        packed = [_reorder(m.weight) for m in todo] if keep_dense else []
     except Exception as exc:  # noqa: BLE001 -- any failure means the plain path, with its reason
         return f"oneDNN self-test failed: {type(exc).__name__}: {exc}"
-    for m, p in zip(layers, packed):
-        m.packed = p
+    if keep_dense:
+        for m, p in zip(todo, packed):
+            m.packed = p
+        return None
+    for m in todo:  # one layer at a time, so the peak is one copy plus one layer
+        m.packed = _reorder(m.weight)
+        # NOTE: an empty placeholder keeps nn.Linear's attribute; the dense memory goes now
+        m.weight = nn.Parameter(torch.empty(0, dtype=dtype, device=device), requires_grad=False)
+        m.dense_dropped = True
     return None
 
 
 def unpack_linears(model: nn.Module) -> None:
-    """Back to ``F.linear`` everywhere (drops the reordered copies)."""
+    """Back to ``F.linear`` everywhere (drops the reordered copies, restoring dropped weights)."""
     for m in model.modules():
-        if isinstance(m, Linear):
+        if isinstance(m, Linear) and m.packed is not None:
+            if m.dense_dropped:
+                m.weight = nn.Parameter(m.packed.to_dense(), requires_grad=False)
+                m.dense_dropped = False
             m.packed = None
 
 
 def _self_test(layer: Linear) -> None:
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(SELF_TEST_ROWS, layer.in_features, generator=gen, dtype=layer.weight.dtype)
+    weight = layer.dense_weight()
+    x = torch.randn(SELF_TEST_ROWS, layer.in_features, generator=gen, dtype=weight.dtype)
     with torch.inference_mode():
-        want = F.linear(x, layer.weight, layer.bias)
-        got = _packed_linear(x, _reorder(layer.weight), layer.bias)
+        want = F.linear(x, weight, layer.bias)
+        got = _packed_linear(x, _reorder(weight), layer.bias)
     if got.shape != want.shape:
         raise RuntimeError(f"shape {tuple(got.shape)} != {tuple(want.shape)}")
     err = (got - want).abs().max().item()

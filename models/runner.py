@@ -222,12 +222,14 @@ def _token_id(tok: Tokenizer, word: str) -> int:
 def load_runner(model_id: str, *, revision: str | None = None, device=None, dtype=None,
                 radix_attention: str = "compact", pooling: str | None = None,
                 kind: str | None = None, radix_threshold: float = 0.95,
-                prefix_cache_size: str | int = DEFAULT_SIZE, cpu_packed_weights: bool = True) -> Runner:
+                prefix_cache_size: str | int = DEFAULT_SIZE, cpu_packed_weights: bool = True,
+                keep_dense_weights: bool = True) -> Runner:
     """Resolve, load and wire up a model for serving (see docs/architecture.md).
 
     prefix_cache_size: "512MiB", "2GB", "8192tokens", a byte count, "auto" or 0 (off); see
     docs/operations.md, "Prefix cache". cpu_packed_weights: reorder the linear weights for oneDNN
-    on a CPU in float32 (models/linear.py; a second copy of them in memory).
+    on a CPU in float32 (models/linear.py); keep_dense_weights=False then frees the dense copies
+    (serving: one copy in memory; gradients no longer reach the linear weights).
     """
     if not radix_threshold >= 0.0:  # NOTE: also refuses NaN
         raise ValueError(f"radix_threshold must be >= 0, got {radix_threshold!r}")
@@ -255,7 +257,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         model = Qwen3Model(cfg, ker, rope_device=device, lm_head=kind == "reranker")
     load_weights(model, model_dir, device=device, dtype=dtype)
     model.eval()
-    linear = _pack(model, device=device, dtype=dtype, wanted=cpu_packed_weights)
+    linear = _pack(model, device=device, dtype=dtype, wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
 
     prompts, default_prompt_name = _prompts(model_dir)
     yes_id = no_id = None
@@ -280,14 +282,16 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     return runner
 
 
-def _pack(model: Qwen3Model, *, device: torch.device, dtype: torch.dtype, wanted: bool) -> str:
+def _pack(model: Qwen3Model, *, device: torch.device, dtype: torch.dtype, wanted: bool,
+          keep_dense: bool) -> str:
     """Pack the linears where it pays (CPU float32); say at start which path runs and why."""
     if not wanted:
         log.info("linear layers: F.linear (cpu_packed_weights off)")
         return "F.linear"
-    reason = pack_linears(model, device=device, dtype=dtype)
+    reason = pack_linears(model, device=device, dtype=dtype, keep_dense=keep_dense)
     if reason is None:
-        log.info("linear layers: oneDNN with weights packed at load (CPU float32)")
+        log.info("linear layers: oneDNN with weights packed at load (CPU float32%s)",
+                 "" if keep_dense else "; the packed copy is the only one")
         return "onednn-packed"
     # NOTE: not packing is the normal case off the CPU; on the CPU in fp32 it is a slow path
     (log.warning if device.type == "cpu" and dtype == torch.float32 else log.info)(

@@ -50,6 +50,7 @@ def load_runner(config: ServerConfig):
         radix_threshold=config.radix_mlp_threshold,
         prefix_cache_size=config.prefix_cache_size,
         cpu_packed_weights=config.cpu_packed_weights,
+        keep_dense_weights=False,  # serving needs no gradients: one copy of the weights
     )
 
 

@@ -98,7 +98,7 @@ class ServerConfig:
         "auto", "cross-batch K/V cache of shared prefixes: 512MiB, 2GB, 8192tokens, a byte count, auto or 0 (off)")
     cpu_packed_weights: bool = option(
         True, "on a CPU in float32, run linears through oneDNN with weights packed at load "
-              "(faster small batches; a second copy of the weights in memory)")
+              "(faster small batches)")
 
     def __post_init__(self) -> None:
         hints = field_types()

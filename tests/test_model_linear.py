@@ -78,3 +78,28 @@ def test_runner_logs_which_path_runs(tiny_embedding_dir, monkeypatch, caplog):
     assert broken.linear == "F.linear"
     warned = [r for r in caplog.records if r.levelno == logging.WARNING and "linear layers" in r.message]
     assert warned and "RuntimeError: no kernel" in warned[0].message
+
+
+def test_dropping_the_dense_copy_keeps_every_path_exact(tiny_embedding_dir):
+    kept = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32", prefix_cache_size=0)
+    lean = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32", prefix_cache_size=0,
+                       keep_dense_weights=False)
+    linears = [m for m in lean.model.modules() if isinstance(m, Linear)]
+    assert linears and all(m.weight.numel() == 0 and m.packed is not None for m in linears)
+    originals = {n: m.weight.detach().clone() for n, m in kept.model.named_modules() if isinstance(m, Linear)}
+    for name, m in lean.model.named_modules():
+        if isinstance(m, Linear):  # rebuilt from the packed copy: the very same numbers
+            assert torch.equal(m.dense_weight(), originals[name])
+    ids = torch.tensor([5, 6, 7, 8, 9, 10], dtype=torch.int32)
+    cu = torch.tensor([0, 4, 6], dtype=torch.int32)
+    want = kept.run(kept.prepare(ids, cu))
+    assert torch.equal(lean.run(lean.prepare(ids, cu)), want)  # same packed op, same weights
+    x = torch.randn(3, linears[0].in_features)
+    with torch.enable_grad():  # the F.linear path, on the rebuilt weight
+        got = linears[0](x)
+    assert (got - F.linear(x, originals[next(n for n, m in lean.model.named_modules() if m is linears[0])],
+                           linears[0].bias)).abs().max().item() == 0.0
+    assert pack_linears(lean.model, device=torch.device("cpu"), dtype=torch.float32) is None  # again: a no-op
+    unpack_linears(lean.model)
+    assert all(m.packed is None and not m.dense_dropped and m.weight.numel() > 0 for m in linears)
+    assert (lean.run(lean.prepare(ids, cu)) - want).abs().max().item() < 1e-4

@@ -43,7 +43,10 @@ def test_cpu_packed_weights_flag_reaches_the_runner(tiny_embedding_dir):
     from server.app import load_runner
 
     argv = ["--model-id", str(tiny_embedding_dir), "--prefix-cache-size", "0"]
-    assert load_runner(parse_config(argv, environ={})).linear == "onednn-packed"
+    served = load_runner(parse_config(argv, environ={}))
+    assert served.linear == "onednn-packed"
+    # serving keeps one copy: the dense linear weights are freed once packed
+    assert all(m.weight.numel() == 0 for m in served.model.modules() if hasattr(m, "dense_dropped"))
     off = parse_config(argv + ["--cpu-packed-weights", "false"], environ={})
     assert load_runner(off).linear == "F.linear"
 
