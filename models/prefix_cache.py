@@ -119,9 +119,7 @@ class PrefixCache:
         blk = self.block
         matched = np.zeros(len(cu) - 1, dtype=np.int64)
         reads: list[np.ndarray] = []
-        starts: list[int] = []
-        slots: list[int] = []
-        lens: list[int] = []
+        starts: list[int] = []  # original row of each pending block's first token, in lease.pending order
         empty = np.zeros(0, np.int64)
         lease = Lease(matched, empty, empty, empty, empty)
         pending: dict[tuple[int, bytes], _Block] = {}
@@ -160,7 +158,7 @@ class PrefixCache:
                     key = (parent.id if parent else 0, raw[jj * width:(jj + 1) * width])
                     mine = pending.get(key)
                     if mine is None:
-                        mine = self._new(parent, key[1], jj, a + jj * blk, blk, pending, lease, starts, slots, lens)
+                        mine = self._new(parent, key[1], jj, a + jj * blk, pending, lease, starts)
                         if mine is None:
                             chained = False  # pool full of pinned or inner blocks: write nothing deeper
                             break
@@ -169,17 +167,17 @@ class PrefixCache:
                 if chained and tail:
                     key = (parent.id if parent else 0, ids[a + n_full * blk:int(cu[s + 1])].tobytes())
                     if key not in self._prefixes and key not in pending:  # not cached, not being written
-                        self._new(parent, key[1], n_full, a + n_full * blk, tail, pending, lease, starts, slots, lens)
+                        self._new(parent, key[1], n_full, a + n_full * blk, pending, lease, starts)
         if reads:
             lease.read_rows = np.concatenate(reads)
         lease.write_starts = np.asarray(starts, dtype=np.int64)
-        lease.write_slots = np.asarray(slots, dtype=np.int64)
-        lease.write_lens = np.asarray(lens, dtype=np.int64)
+        lease.write_slots = np.asarray([b.slot for b in lease.pending], dtype=np.int64)
+        lease.write_lens = np.asarray([len(b.tokens) // 4 for b in lease.pending], dtype=np.int64)
         return lease
 
-    def _new(self, parent, tokens: bytes, depth: int, start: int, n: int, pending: dict,
-             lease: Lease, starts: list, slots: list, lens: list) -> _Block | None:
-        """A pending block of this lease (n rows from original row `start`); None if no slot."""
+    def _new(self, parent, tokens: bytes, depth: int, start: int, pending: dict,
+             lease: Lease, starts: list) -> _Block | None:
+        """A pending block of this lease (its tokens' rows from original row `start`); None if no slot."""
         slot = self._allocate()
         if slot is None:
             return None
@@ -187,8 +185,6 @@ class PrefixCache:
         pending[b.key] = b
         lease.pending.append(b)
         starts.append(start)
-        slots.append(slot)
-        lens.append(n)
         return b
 
     def _partial(self, parent: _Block | None, tail: np.ndarray) -> tuple[_Block | None, int]:
