@@ -35,7 +35,11 @@ class Linear(nn.Linear):
     """nn.Linear that uses a oneDNN-reordered weight for CPU fp32 inference once packed."""
 
     packed: Tensor | None = None
-    dense_dropped: bool = False  # weight is a placeholder; the packed copy is the only one
+
+    @property
+    def dense_dropped(self) -> bool:
+        """The weight is an empty placeholder: the packed copy is the only one."""
+        return self.packed is not None and self.weight.numel() == 0
 
     def forward(self, x: Tensor) -> Tensor:
         packed = self.packed
@@ -75,19 +79,15 @@ def pack_linears(model: nn.Module, *, device: torch.device, dtype: torch.dtype,
         return "this torch build has no oneDNN (mkldnn)"
     try:
         _self_test(layers[0])
-        todo = [m for m in layers if not m.dense_dropped]  # a dropped one is packed already
-        packed = [_reorder(m.weight) for m in todo] if keep_dense else []
+        for m in layers:  # one layer at a time: without the dense copies the peak is one layer more
+            if m.packed is None:
+                m.packed = _reorder(m.weight)
+            if not keep_dense and not m.dense_dropped:
+                # NOTE: an empty placeholder keeps nn.Linear's attribute; the dense memory goes now
+                m.weight = nn.Parameter(torch.empty(0, dtype=dtype, device=device), requires_grad=False)
     except Exception as exc:  # noqa: BLE001 -- any failure means the plain path, with its reason
+        unpack_linears(model)  # every layer back to F.linear, dropped weights rebuilt
         return f"oneDNN self-test failed: {type(exc).__name__}: {exc}"
-    if keep_dense:
-        for m, p in zip(todo, packed):
-            m.packed = p
-        return None
-    for m in todo:  # one layer at a time, so the peak is one copy plus one layer
-        m.packed = _reorder(m.weight)
-        # NOTE: an empty placeholder keeps nn.Linear's attribute; the dense memory goes now
-        m.weight = nn.Parameter(torch.empty(0, dtype=dtype, device=device), requires_grad=False)
-        m.dense_dropped = True
     return None
 
 
@@ -97,7 +97,6 @@ def unpack_linears(model: nn.Module) -> None:
         if isinstance(m, Linear) and m.packed is not None:
             if m.dense_dropped:
                 m.weight = nn.Parameter(m.packed.to_dense(), requires_grad=False)
-                m.dense_dropped = False
             m.packed = None
 
 
