@@ -22,6 +22,15 @@ def cached_runner(model_dir: str):
     return models.load_runner(model_dir, device="cpu", dtype="float32")
 
 
+def serve(model_dir, **overrides) -> "ServerThread":
+    """A started server for `model_dir` on ``cached_runner``, ServerConfig fields overridden."""
+    from server.app import create_app
+    from server.config import ServerConfig
+
+    config = ServerConfig(model_id=str(model_dir), **overrides)
+    return ServerThread(create_app(config, runner=cached_runner(str(model_dir)))).start()
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -40,14 +40,11 @@ def main() -> None:
     import httpx
 
     from models import fixtures
-    from server.app import create_app
-    from server.config import ServerConfig
-    from server.testing import ServerThread, cached_runner
+    from server.testing import ServerThread, serve
 
     def server(preset: str) -> ServerThread:
         model_dir = str(fixtures.cached(preset))
-        config = ServerConfig(model_id=model_dir, max_client_batch_size=64, max_input_length=512)
-        return ServerThread(create_app(config, runner=cached_runner(model_dir))).start()
+        return serve(model_dir, max_client_batch_size=64, max_input_length=512)
 
     words = "lorem ipsum dolor sit amet "
     docs = [f"document {i} about something" for i in range(64)]

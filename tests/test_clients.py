@@ -7,15 +7,12 @@ One embedding server and one reranker server per module: these imports are slow.
 """
 from __future__ import annotations
 
-import dataclasses
 
 import httpx
 import numpy as np
 import pytest
 
-from server.app import create_app
-from server.config import ServerConfig
-from server.testing import ServerThread, cached_runner
+from server.testing import ServerThread, serve
 
 TEXTS = [
     "what is the capital of france",
@@ -28,8 +25,7 @@ DOCS = TEXTS[1:]
 
 
 def _serve(model_dir, **over) -> ServerThread:
-    config = dataclasses.replace(ServerConfig(model_id=str(model_dir)), served_model_name="tiny", **over)
-    return ServerThread(create_app(config, runner=cached_runner(str(model_dir)))).start()
+    return serve(model_dir, served_model_name="tiny", **over)
 
 
 @pytest.fixture(scope="module")

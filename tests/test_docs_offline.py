@@ -13,17 +13,14 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.app import create_app
-from server.config import ServerConfig
-from server.testing import ServerThread, cached_runner
+from server.testing import serve
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
 
 @pytest.fixture(scope="module")
 def srv(tiny_embedding_dir):
-    server = ServerThread(create_app(ServerConfig(model_id=str(tiny_embedding_dir)),
-                                     runner=cached_runner(str(tiny_embedding_dir)))).start()
+    server = serve(tiny_embedding_dir)
     yield server
     server.stop()
 

@@ -174,12 +174,9 @@ def _have_server() -> bool:
 
 
 def _serve(model_dir: str):
-    from server.app import create_app
-    from server.config import ServerConfig
-    from server.testing import ServerThread, cached_runner
+    from server.testing import serve
 
-    config = ServerConfig(model_id=model_dir, radix_mlp_threshold=1.0)
-    return ServerThread(create_app(config, runner=cached_runner(model_dir))).start()
+    return serve(model_dir, radix_mlp_threshold=1.0)
 
 
 @pytest.mark.slow

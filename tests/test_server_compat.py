@@ -7,16 +7,13 @@ token, with the radix index on (shared prefixes in one batch) and off; otherwise
 from __future__ import annotations
 
 import base64
-import dataclasses
 
 import httpx
 import numpy as np
 import pytest
 import torch
 
-from server.app import create_app
-from server.config import ServerConfig
-from server.testing import ServerThread, cached_runner
+from server.testing import cached_runner, serve
 
 TEXTS = [
     "what is the capital of france",
@@ -26,21 +23,16 @@ TEXTS = [
 ]
 
 
-def _serve(model_dir, **over):
-    config = dataclasses.replace(ServerConfig(model_id=str(model_dir)), **over)
-    return ServerThread(create_app(config, runner=cached_runner(str(model_dir)))).start()
-
-
 @pytest.fixture(scope="module", params=[1.0, 0.0], ids=["radix-on", "radix-off"])
 def emb_srv(request, tiny_embedding_dir):
-    srv = _serve(tiny_embedding_dir, radix_mlp_threshold=request.param)
+    srv = serve(tiny_embedding_dir, radix_mlp_threshold=request.param)
     yield srv
     srv.stop()
 
 
 @pytest.fixture(scope="module")
 def rr_srv(tiny_reranker_dir):
-    srv = _serve(tiny_reranker_dir)
+    srv = serve(tiny_reranker_dir)
     yield srv
     srv.stop()
 
@@ -212,7 +204,7 @@ def test_reranker_root_and_cohere_v2(rr_srv):
 
 
 def test_new_routes_need_the_api_key(tiny_embedding_dir):
-    srv = _serve(tiny_embedding_dir, api_key="sekret")
+    srv = serve(tiny_embedding_dir, api_key="sekret")
     try:
         for path, body in (("/", {"inputs": "a"}), ("/invocations", {"inputs": "a"}), ("/embed_all", {"inputs": "a"}),
                            ("/similarity", {"inputs": {"source_sentence": "a", "sentences": ["b"]}}),
@@ -240,7 +232,7 @@ def test_openapi_lists_every_route(emb_srv):
 
 def test_compat_bodies_are_bounded(tiny_embedding_dir):
     """Counts checked by the body parser before validation; /embed_all's answer capped in tokens."""
-    srv = _serve(tiny_embedding_dir, max_batch_tokens=64, max_client_batch_size=4, max_concurrent_requests=8)
+    srv = serve(tiny_embedding_dir, max_batch_tokens=64, max_client_batch_size=4, max_concurrent_requests=8)
     try:
         five = ["a b c"] * 5
         for path, body, what in (("/decode", {"ids": [[1]] * 5}, "id lists"),
