@@ -140,6 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--startup-timeout", type=_positive_float, default=300.0, help="seconds to wait for /health")
     c.add_argument("--ports", type=_ports, default=None, metavar="PORT|LO-HI",
                    help="loopback ports for started servers without their own NAME@PORTS (default: any free)")
+    c.add_argument("--alternate", action="store_true",
+                   help="with --concurrency 1: start every server first, then send each request to every target "
+                        "in turn (a noisy machine's slow spells hit all targets alike)")
     _add_load_args(c)
 
     d = sub.add_parser("dataset", help="write the chosen data set as MS MARCO-schema JSONL")
@@ -234,6 +237,8 @@ def cmd_compare(a) -> int:
         targets.append(compare.Target(name="baseline", baseline=True))
     if not targets:
         raise SystemExit("compare: give at least one --target, --server or --baseline")
+    if a.alternate and a.concurrency != 1:
+        raise ValueError(f"--alternate sends one request at a time: pass --concurrency 1 (got {a.concurrency})")
     for t in targets:  # running targets must answer before any server is started
         if not t.managed:
             client.probe(t.url)
@@ -241,10 +246,11 @@ def cmd_compare(a) -> int:
     log_dir = Path(a.out) if a.out else Path(".")
     results = compare.run_targets(
         targets, reqs, _run_config(a, "http://127.0.0.1"), model_id=a.model_id, server_cmd=a.server_cmd,
-        log_dir=log_dir, startup_timeout=a.startup_timeout, ports=a.ports,
+        log_dir=log_dir, startup_timeout=a.startup_timeout, ports=a.ports, alternate=a.alternate,
     )
+    runs = {"alternate": True} if a.alternate else {}
     summaries = [
-        report.summarize(res, name=t.name, meta=_meta(a, ds, target=t.url or " ".join(
+        report.summarize(res, name=t.name, meta=_meta(a, ds, **runs, target=t.url or " ".join(
             (["@baseline"] if t.baseline else []) + list(t.flags))))
         for t, res in results
     ]

@@ -67,7 +67,8 @@ def _answer_ok(resp: httpx.Response, req: Request) -> bool:
     return isinstance(data, list) and len(data) == expected_count(req.body)
 
 
-async def _scrape(client: httpx.AsyncClient, url: str) -> scrape.Snapshot | None:
+async def scrape_metrics(client: httpx.AsyncClient, url: str) -> scrape.Snapshot | None:
+    """GET /metrics parsed, or None when the target has none (or it cannot be read)."""
     try:
         r = await client.get(url + "/metrics")
         return scrape.parse(r.text) if r.status_code == 200 else None
@@ -84,7 +85,7 @@ def _clock(seconds: float, *, up: bool = False) -> str:
     return f"{s // 60}:{s % 60:02d}"
 
 
-class _Progress:
+class Progress:
     """Progress on stderr, drawn only when stderr is a terminal (logs and pipes stay clean).
 
     Runs with a duration get a status line redrawn every PROGRESS_INTERVAL_S by `tick` (elapsed,
@@ -161,6 +162,34 @@ def probe(url: str, *, timeout: float = 5.0) -> None:
         raise TargetDown(f"{url} answers but is not healthy: GET /health -> HTTP {r.status_code}")
 
 
+async def send(client: httpx.AsyncClient, url: str, req: Request) -> tuple[str, float]:
+    """POST one request; (status, seconds until the answer was read and checked). status is "ok",
+    the HTTP status of a non-200 answer, "bad-response", "timeout" or "connection"."""
+    t0 = time.perf_counter()
+    try:
+        resp = await client.post(url + req.route, json=req.body)
+        status = "ok" if resp.status_code == 200 and _answer_ok(resp, req) else (
+            str(resp.status_code) if resp.status_code != 200 else "bad-response"
+        )
+    except httpx.TimeoutException:
+        status = "timeout"
+    except httpx.TransportError:
+        status = "connection"
+    except httpx.HTTPError:  # e.g. an undecodable body: counted, never ends the run
+        status = "bad-response"
+    return status, time.perf_counter() - t0
+
+
+def record(res: RunResult, req: Request, status: str, seconds: float, completed_at: float) -> None:
+    """Enter one answer in `res`: a latency sample when ok, else an error count by status."""
+    if status == "ok":
+        res.latencies_s.append(seconds)
+        res.completions_s.append(completed_at)
+        res.items_ok += req.items
+    else:
+        res.errors[status] += 1
+
+
 async def run_async(requests: list[Request], cfg: RunConfig) -> RunResult:
     if not requests:
         raise ValueError("no requests to send")
@@ -178,8 +207,8 @@ async def run_async(requests: list[Request], cfg: RunConfig) -> RunResult:
                 await client.post(url + req.route, json=req.body)
             except httpx.HTTPError:
                 pass
-        before = await _scrape(client, url)
-        progress = _Progress(cfg.progress, total=limit, duration=cfg.duration)
+        before = await scrape_metrics(client, url)
+        progress = Progress(cfg.progress, total=limit, duration=cfg.duration)
         ticker = asyncio.create_task(progress.tick())
         start = progress.start = time.perf_counter()
         deadline = start + cfg.duration if cfg.duration else None
@@ -192,25 +221,8 @@ async def run_async(requests: list[Request], cfg: RunConfig) -> RunResult:
                     return
                 req = requests[i % len(requests)]
                 res.sent += 1
-                t0 = time.perf_counter()
-                try:
-                    resp = await client.post(url + req.route, json=req.body)
-                    status = "ok" if resp.status_code == 200 and _answer_ok(resp, req) else (
-                        str(resp.status_code) if resp.status_code != 200 else "bad-response"
-                    )
-                except httpx.TimeoutException:
-                    status = "timeout"
-                except httpx.TransportError:
-                    status = "connection"
-                except httpx.HTTPError:  # e.g. an undecodable body: counted, never ends the run
-                    status = "bad-response"
-                t1 = time.perf_counter()
-                if status == "ok":
-                    res.latencies_s.append(t1 - t0)
-                    res.completions_s.append(t1 - start)
-                    res.items_ok += req.items
-                else:
-                    res.errors[status] += 1
+                status, seconds = await send(client, url, req)
+                record(res, req, status, seconds, time.perf_counter() - start)
                 progress.update(sum(res.errors.values()))
 
         try:
@@ -220,7 +232,7 @@ async def run_async(requests: list[Request], cfg: RunConfig) -> RunResult:
             ticker.cancel()
             await asyncio.gather(ticker, return_exceptions=True)
             progress.close()
-        after = await _scrape(client, url)
+        after = await scrape_metrics(client, url)
     res.metrics = scrape.delta(before, after)
     return res
 

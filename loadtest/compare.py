@@ -6,9 +6,12 @@ A target is a URL (`NAME=http://127.0.0.1:8080`) or a server this module starts 
 servers get a free loopback port (any, or the first free one of `NAME@PORT` / `NAME@LO-HI`, for
 hosts where only some ports may be opened), must answer GET /health before the run, and are
 stopped (and only they) right after their own run, so targets never compete for the CPU/GPU.
+With `alternate` (concurrency 1 only) every server is started first and the targets take turns
+request by request (loadtest.alternate); they are all stopped at the end.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -19,6 +22,7 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from loadtest import alternate as alternate_runs
 from loadtest import client
 from loadtest.workloads import Request
 
@@ -169,6 +173,20 @@ class ManagedServer:
         self.stop()
 
 
+def _url(t: Target, stack: contextlib.ExitStack, *, model_id, server_cmd, log_dir: Path, startup_timeout: float,
+         ports) -> str:
+    """The URL to load: a running target's own, or that of a server started for `t` and stopped
+    when `stack` closes."""
+    if not t.managed:
+        print(f"[{t.name}] {t.url}", file=sys.stderr)
+        return t.url
+    port = pick_port(t.ports or ports)
+    argv = server_command(t, model_id=model_id, port=port, server_cmd=server_cmd)
+    print(f"[{t.name}] starting: {shlex.join(argv)}", file=sys.stderr)
+    srv = ManagedServer(argv, port=port, log_path=log_dir / log_name(t.name), startup_timeout=startup_timeout)
+    return stack.enter_context(srv).url
+
+
 def run_targets(
     targets: list[Target],
     requests: list[Request],
@@ -180,9 +198,12 @@ def run_targets(
     startup_timeout: float = 300.0,
     on_result=None,
     ports: tuple[int, int] | None = None,
+    alternate: bool = False,
 ) -> list[tuple[Target, client.RunResult]]:
     """Run `requests` against each target in turn with the same client settings. `ports` is the
-    range for started servers that name none of their own (None: any free port)."""
+    range for started servers that name none of their own (None: any free port). `alternate`:
+    start every server first, then take turns request by request (loadtest.alternate;
+    concurrency 1 only)."""
     if not targets:
         raise ValueError("compare needs at least one target")
     if any(t.managed for t in targets) and not model_id:
@@ -190,18 +211,22 @@ def run_targets(
     names = [t.name for t in targets]
     if len(set(names)) != len(names):
         raise ValueError(f"target names must be unique: {names}")
+    if alternate and cfg.concurrency != 1:
+        raise ValueError(f"--alternate sends one request at a time: pass --concurrency 1 (got {cfg.concurrency})")
+    started = dict(model_id=model_id, server_cmd=server_cmd, log_dir=log_dir, startup_timeout=startup_timeout,
+                   ports=ports)
     out = []
+    if alternate:
+        with contextlib.ExitStack() as stack:  # every server up before the first request
+            urls = [_url(t, stack, **started) for t in targets]
+            out = list(zip(targets, alternate_runs.run(requests, cfg, urls)))
+        for t, res in out:
+            if on_result is not None:
+                on_result(t, res)
+        return out
     for t in targets:
-        if t.managed:
-            port = pick_port(t.ports or ports)
-            argv = server_command(t, model_id=model_id, port=port, server_cmd=server_cmd)
-            print(f"[{t.name}] starting: {shlex.join(argv)}", file=sys.stderr)
-            with ManagedServer(argv, port=port, log_path=log_dir / log_name(t.name),
-                               startup_timeout=startup_timeout) as srv:
-                res = client.run(requests, replace(cfg, url=srv.url))
-        else:
-            print(f"[{t.name}] {t.url}", file=sys.stderr)
-            res = client.run(requests, replace(cfg, url=t.url))
+        with contextlib.ExitStack() as stack:  # a started server lives only through its own run
+            res = client.run(requests, replace(cfg, url=_url(t, stack, **started)))
         if on_result is not None:
             on_result(t, res)
         out.append((t, res))

@@ -133,6 +133,9 @@ def markdown(summaries: list[dict], *, title: str = "radixserve load test") -> s
                 f"| {sp['name']} | {_f(sp['throughput'], '{:.2f}x')} | {_f(sp['p50'], '{:.2f}x')} | "
                 f"{_f(sp['p99'], '{:.2f}x')} |"
             )
+    if first.get("alternate"):
+        lines += ["", "Targets took turns request by request (all up at once, concurrency 1); req/s is each "
+                      "target's answered requests over its own requests' summed time."]
     if str(first.get("source", "")).startswith("synthetic"):
         lines += ["", "Data: synthetic (generated MS MARCO-shaped text, not MS MARCO)."]
     return "\n".join(lines) + "\n"
