@@ -237,8 +237,6 @@ def cmd_compare(a) -> int:
         targets.append(compare.Target(name="baseline", baseline=True))
     if not targets:
         raise SystemExit("compare: give at least one --target, --server or --baseline")
-    if a.alternate and a.concurrency != 1:
-        raise ValueError(f"--alternate sends one request at a time: pass --concurrency 1 (got {a.concurrency})")
     for t in targets:  # running targets must answer before any server is started
         if not t.managed:
             client.probe(t.url)

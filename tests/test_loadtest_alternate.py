@@ -1,54 +1,18 @@
 """`compare --alternate`: concurrency-1 runs that take turns between targets request by request.
 
-Two small fake servers (FastAPI in threads) write every request they answer into one shared
-arrival log, so the tests see the order across targets; then the real radixserve, two servers
-up at once (prefix cache on and off) on the tiny embedding fixture."""
+Two fake servers (tests.test_loadtest_run's, in threads; /metrics counts words + 1 per input as
+tokens) write every request they answer into one shared arrival log, so the tests see the order
+across targets; then the real radixserve, two servers up at once (prefix cache on and off) on
+the tiny embedding fixture."""
 from __future__ import annotations
 
 import json
-import socket
 import threading
 
 import pytest
-from fastapi import FastAPI, Request
-from fastapi.responses import PlainTextResponse
 
 from loadtest import alternate, cli, client, compare, datasets, report, workloads
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _app(name: str, arrivals: list) -> FastAPI:
-    """/embed answers one vector per input and appends (name, inputs) to `arrivals`; /metrics
-    counts the tokens it saw (words + 1 per input), so the run's deltas can be checked."""
-    from prometheus_client import CollectorRegistry, Counter, generate_latest
-
-    reg = CollectorRegistry()
-    tokens = Counter("radixserve_tokens", "t", ["kind"], registry=reg)
-    app = FastAPI()
-
-    @app.get("/health")
-    async def health():
-        return {"status": "ok"}
-
-    @app.get("/metrics")
-    async def metrics():
-        return PlainTextResponse(generate_latest(reg).decode())
-
-    @app.post("/embed")
-    async def embed(req: Request):
-        inputs = (await req.json())["inputs"]
-        arrivals.append((name, tuple(inputs)))
-        n = sum(len(t.split()) + 1 for t in inputs)
-        tokens.labels(kind="original").inc(n)
-        tokens.labels(kind="compact").inc(n)
-        return [[0.0, 1.0] for _ in inputs]
-
-    return app
+from tests.test_loadtest_run import _fake_app
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +22,8 @@ def two_servers():
     arrivals: list = []
     servers, threads, urls = [], [], []
     for name in ("a", "b"):
-        port = _free_port()
-        srv = uvicorn.Server(uvicorn.Config(_app(name, arrivals), host="127.0.0.1", port=port, log_level="error"))
+        port = compare.free_port()
+        srv = uvicorn.Server(uvicorn.Config(_fake_app(name, arrivals), host="127.0.0.1", port=port, log_level="error"))
         th = threading.Thread(target=srv.run, daemon=True)
         th.start()
         servers.append(srv), threads.append(th), urls.append(f"http://127.0.0.1:{port}")
@@ -104,7 +68,7 @@ def test_targets_take_turns_on_the_same_requests(two_servers):
 
 def test_duration_bound_finishes_rounds_and_a_dead_target_only_fails_itself(two_servers):
     urls, _ = two_servers
-    dead = f"http://127.0.0.1:{_free_port()}"
+    dead = f"http://127.0.0.1:{compare.free_port()}"
     cfg = client.RunConfig(url="", concurrency=1, duration=0.3, warmup=0, progress=False)
     live, gone = alternate.run(_requests(), cfg, [urls[0], dead])
     assert live.sent == gone.sent > 0  # a round once started is finished

@@ -21,10 +21,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _fake_app():
+def _fake_app(name: str = "", arrivals: list | None = None):
     """/rerank, /embed, /v1/embeddings, /metrics, /health with plausible answers and its own bookkeeping:
     per request it records the original/compact token counts it reports, so the test can check
-    the client's /metrics deltas against an independent tally."""
+    the client's /metrics deltas against an independent tally. `arrivals`, a list several fake
+    servers may share: each answered request appends (name, its texts), in arrival order."""
     from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 
     reg = CollectorRegistry()
@@ -40,6 +41,8 @@ def _fake_app():
         tokens.labels(kind="original").inc(orig)
         tokens.labels(kind="compact").inc(comp)
         app.state.log.append((route, orig, comp))
+        if arrivals is not None:
+            arrivals.append((name, tuple(texts)))
 
     @app.get("/health")
     async def health():
