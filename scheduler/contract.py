@@ -1,0 +1,49 @@
+"""What the scheduler needs of a model runner: the one contract between scheduler/ and models/.
+
+The scheduler never imports models/. It drives any object with this shape: ``prepare`` on the
+prep thread (host work only: pack, trie, tensors), ``run`` on the worker thread (the forward and
+one copy to the host). The real implementation is ``models.runner.Runner``; tests implement it
+with small fakes. A type checker holds both to it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+import numpy as np
+
+
+class Prepared(Protocol):
+    """A batch ready for ``run`` and the figures the scheduler reports about it."""
+
+    @property
+    def n_tokens(self) -> int:  # N, original tokens of the batch
+        ...
+
+    @property
+    def n_compact(self) -> int:  # rows the model runs on: N' with the trie, N without
+        ...
+
+    @property
+    def ratio(self) -> float:  # N'/N of the trie, 1.0 when it was not built
+        ...
+
+    @property
+    def computed_tokens(self) -> Sequence[int]:  # [B] tokens per item not read from a cache
+        ...
+
+
+class ModelRunner(Protocol):
+    """Prepare a packed batch on one thread, run it on another.
+
+    ``input_ids`` int32 [N] and ``cu_seqlens`` int32 [B+1]; ``all_tokens`` is None or a [B] bool
+    mask of the items that answer every token's final state. ``run`` returns one output per item:
+    an array with a leading [B] axis or a sequence of B outputs of any shapes.
+    """
+
+    def prepare(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, *,
+                all_tokens: np.ndarray | None = None) -> Prepared:
+        ...
+
+    def run(self, prepared: Any) -> Any:
+        ...
