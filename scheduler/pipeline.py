@@ -7,7 +7,8 @@ The prep thread forms a batch from a snapshot of the waiting queue (no lock held
 runs), packs it (input_ids [N], cu_seqlens [B+1] int32) and calls ``runner.prepare``, which builds
 and gates the trie itself; it hands the result over a queue of size 1. The worker executes the
 batch (``runner.run``) and delivers its outputs: every entry is resolved with its own output, or
-with an error. The runner is any ``ModelRunner`` (scheduler/contract.py). Invariants: while the worker runs batch k,
+with an error. The runner is any ``ModelRunner`` (scheduler/contract.py), read through nothing
+else. Invariants: while the worker runs batch k,
 the prep thread is already preparing batch k+1 (never k+2: one slot); an ``Exception`` in any
 step fails only that batch's entries (BatchFailed, a generic message; the log has the details);
 a ``BaseException`` or a bug outside the per-batch guards kills a thread, and then ``on_death``
@@ -22,7 +23,7 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -35,7 +36,7 @@ log = logging.getLogger(__name__)
 
 _STOP = object()  # sentinel on the hand-off queue: no more batches
 # How one entry ends: (output, queue time s, forward time s, tokens computed), or an error.
-Resolve = Callable[[Entry, Any, Union[BaseException, None]], None]
+Resolve = Callable[[Entry, Any, BaseException | None], None]
 _POLL_S = 0.05  # how often blocked threads look at the dead flag
 
 
@@ -285,8 +286,8 @@ class Pipeline:
         values = split_outputs(out, len(batch.entries))
         # Tokens each item cost: its length less what the runner read from its prefix cache.
         computed = list(batch.prepared.computed_tokens) if batch.prepared is not None else []
-        if len(computed) != len(batch.entries):
-            raise RuntimeError(f"the runner reported computed tokens of {len(computed)} items for {len(batch.entries)}")
+        if len(computed) != len(values):
+            raise RuntimeError(f"the runner counted computed tokens for {len(computed)} of {len(values)} items")
         forward_s = batch.forward_end - batch.forward_start
         if self.metrics is not None:
             self.metrics.forward_duration.observe(forward_s)
