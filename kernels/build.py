@@ -110,6 +110,8 @@ def load_prebuilt(name: str, build_dir: Path, fields: dict):
     try:
         loader = importlib.machinery.ExtensionFileLoader(name, str(so))
         spec = importlib.util.spec_from_file_location(name, str(so), loader=loader)
+        if spec is None:
+            raise ImportError(f"no module spec for {so}")
         module = importlib.util.module_from_spec(spec)
         loader.exec_module(module)
     except Exception as exc:  # noqa: BLE001 - an undefined symbol after an ABI change, ...

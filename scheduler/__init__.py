@@ -1,5 +1,13 @@
-"""Token-budget batching and the CPU-prep / model-worker pipeline (scheduler/pipeline.py)."""
-from .pipeline import BatchFailed, WorkerDead
-from .service import Scheduler, SubmitResult
+"""Token-budget batching and the CPU-prep / model-worker pipeline in front of a model runner.
 
-__all__ = ["BatchFailed", "Scheduler", "SubmitResult", "WorkerDead"]
+The public surface: ``Scheduler`` (scheduler/scheduler.py), its errors, the runner contract it
+drives (scheduler/contract.py) and the batching policies' names (scheduler/policy.py).
+"""
+from .contract import ModelRunner, Prepared
+from .forming import PrefixPolicy
+from .pipeline import BatchFailed, WorkerDead
+from .policy import POLICIES
+from .scheduler import Scheduler, SubmitResult
+
+__all__ = ["BatchFailed", "ModelRunner", "POLICIES", "PrefixPolicy", "Prepared", "Scheduler", "SubmitResult",
+           "WorkerDead"]

@@ -3,16 +3,19 @@
 The scheduler never imports models/. It drives any object with this shape: ``prepare`` on the
 prep thread (host work only: pack, trie, tensors), ``run`` on the worker thread (the forward and
 one copy to the host). The real implementation is ``models.runner.Runner``; tests implement it
-with small fakes. A type checker holds both to it.
+with small fakes. Invariant: the scheduler reads nothing of a runner or a prepared batch that is
+not declared here. A type checker holds the scheduler to it, and tests/test_contract.py holds
+the real runner and the fakes to it at run time (the Protocols are runtime-checkable).
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Sequence
+from typing import Any, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
 
+@runtime_checkable
 class Prepared(Protocol):
     """A batch ready for ``run`` and the figures the scheduler reports about it."""
 
@@ -33,12 +36,15 @@ class Prepared(Protocol):
         ...
 
 
+@runtime_checkable
 class ModelRunner(Protocol):
     """Prepare a packed batch on one thread, run it on another.
 
     ``input_ids`` int32 [N] and ``cu_seqlens`` int32 [B+1]; ``all_tokens`` is None or a [B] bool
-    mask of the items that answer every token's final state. ``run`` returns one output per item:
-    an array with a leading [B] axis or a sequence of B outputs of any shapes.
+    mask of the items that answer every token's final state; every runner accepts it (the
+    scheduler passes None when no item is flagged). ``run`` takes what ``prepare`` returned and
+    returns one output per item: an array with a leading [B] axis (numpy, or a torch tensor on the
+    host) or a sequence of B outputs of any shapes.
     """
 
     def prepare(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, *,

@@ -5,16 +5,15 @@ batch whenever the request fits the budget (a request larger than a whole batch 
 order). No entry is longer than the token budget (the server caps input length at
 min(model max positions, max_batch_tokens)), so every entry fits an empty batch.
 A former is a callable ``former(waiting, now) -> ascending indices into waiting``; it runs on the
-prep thread over a snapshot of the queue, never under the queue's lock. Two policies: "fifo"
-(arrival order) and "prefix" (scheduler/prefix_forming.py: groups requests that share token
-prefixes, with aging; identical to FIFO whenever everything waiting fits).
+prep thread over a snapshot of the queue, never under the queue's lock. This module holds what
+every policy shares (``Entry``, the FIFO former, the prefix policy's knobs); the "prefix" former
+lives in scheduler/prefix_forming.py, and scheduler/policy.py picks one by name. Nothing here
+imports another former.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
-
-POLICIES = ("fifo", "prefix")
 
 # former(waiting, now) -> ascending indices into ``waiting`` of the next batch (never empty).
 Former = Callable[[Sequence["Entry"], float], list[int]]
@@ -97,15 +96,3 @@ class PrefixPolicy:
                 or not 0.0 <= self.min_gain < 1.0):
             raise ValueError(f"invalid prefix batching policy {self}")
 
-
-def make_former(
-    policy: str, *, max_tokens: int, max_requests: int | None = None, prefix: PrefixPolicy | None = None
-) -> Former:
-    """The former of ``policy`` ("fifo" | "prefix") under the given budget."""
-    if policy == "fifo":
-        return lambda waiting, now: form_batch_fifo(waiting, max_tokens=max_tokens, max_requests=max_requests)
-    if policy == "prefix":
-        from .prefix_forming import PrefixFormer  # NOTE: lazy, it imports this module
-
-        return PrefixFormer(max_tokens=max_tokens, max_requests=max_requests, config=prefix or PrefixPolicy())
-    raise ValueError(f"unknown batching policy {policy!r}; choose one of {POLICIES}")

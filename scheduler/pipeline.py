@@ -1,12 +1,14 @@
 """The two threads behind the scheduler, and the life of one batch as short steps in one place.
 
     prep thread:    form -> prepare (pack; runner.prepare builds and gates the index, then tensors)
-    worker thread:  run -> settle
+    worker thread:  execute (runner.run) -> deliver (one output to each entry)
 
 The prep thread forms a batch from a snapshot of the waiting queue (no lock held while the former
 runs), packs it (input_ids [N], cu_seqlens [B+1] int32) and calls ``runner.prepare``, which builds
-and gates the trie itself; it hands the result over a queue of size 1. The worker calls
-``runner.run`` and settles every entry of the batch. Invariants: while the worker runs batch k,
+and gates the trie itself; it hands the result over a queue of size 1. The worker executes the
+batch (``runner.run``) and delivers its outputs: every entry is resolved with its own output, or
+with an error. The runner is any ``ModelRunner`` (scheduler/contract.py), read through nothing
+else. Invariants: while the worker runs batch k,
 the prep thread is already preparing batch k+1 (never k+2: one slot); an ``Exception`` in any
 step fails only that batch's entries (BatchFailed, a generic message; the log has the details);
 a ``BaseException`` or a bug outside the per-batch guards kills a thread, and then ``on_death``
@@ -25,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from .contract import ModelRunner, Prepared
 from .forming import Entry, Former
 from .metrics import Metrics
 from .waiting import WaitQueue
@@ -32,6 +35,8 @@ from .waiting import WaitQueue
 log = logging.getLogger(__name__)
 
 _STOP = object()  # sentinel on the hand-off queue: no more batches
+# How one entry ends: (output, queue time s, forward time s, tokens computed), or an error.
+Resolve = Callable[[Entry, Any, BaseException | None], None]
 _POLL_S = 0.05  # how often blocked threads look at the dead flag
 
 
@@ -51,7 +56,7 @@ class _Batch:
     entries: list[Entry]
     prep_start: float
     labels: tuple[str, ...]  # the batch's request ids, for the log
-    prepared: Any = None  # what runner.prepare returned
+    prepared: Prepared | None = None  # what runner.prepare returned
     forward_start: float = float("nan")
     forward_end: float = float("nan")
 
@@ -90,18 +95,18 @@ class Pipeline:
 
     def __init__(
         self,
-        runner,
+        runner: ModelRunner,
         waiting: WaitQueue,
         former: Former,
         *,
         metrics: Metrics | None,
-        settle: Callable[[Entry, Any, BaseException | None], None],
+        resolve: Resolve,
         label: Callable[[Entry], str],
         on_death: Callable[[BaseException], None],
     ) -> None:
         self.runner, self.waiting, self.former, self.metrics = runner, waiting, former, metrics
-        self._settle_entry, self._label, self._on_death = settle, label, on_death
-        self._handoff: queue.Queue = queue.Queue(maxsize=1)
+        self._resolve, self._label, self._on_death = resolve, label, on_death
+        self._handoff: queue.Queue[Any] = queue.Queue(maxsize=1)  # a _Batch or _STOP
         # One credit: the prep thread forms batch N+1 only once the worker has started batch N.
         # NOTE: without it, prep would form N+2 while N runs and block in put(), locking entries
         # into a batch chosen from a shallow queue (worse prefix grouping, later cancellation).
@@ -112,8 +117,9 @@ class Pipeline:
         self._idle_lock = threading.Lock()
         self._idle_s = 0.0
         self._t0 = 0.0
-        self._prep = threading.Thread(target=self._guard, args=(self._prep_loop,), name="rs-prep", daemon=True)
-        self._worker = threading.Thread(target=self._guard, args=(self._worker_loop,), name="rs-worker", daemon=True)
+        self._prep = threading.Thread(target=self._supervise, args=(self._prep_loop,), name="rs-prep", daemon=True)
+        self._worker = threading.Thread(target=self._supervise, args=(self._worker_loop,), name="rs-worker",
+                                        daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -139,7 +145,7 @@ class Pipeline:
         with self._idle_lock:
             return self._idle_s / wall if wall > 0 else 0.0
 
-    def _guard(self, loop: Callable[[], None]) -> None:
+    def _supervise(self, loop: Callable[[], None]) -> None:
         try:
             loop()
         except BaseException as exc:  # noqa: BLE001 - any escape means the pipeline is gone
@@ -197,9 +203,7 @@ class Pipeline:
         try:
             input_ids, cu_seqlens = pack(batch.entries)
             mask = np.fromiter((e.all_tokens for e in batch.entries), dtype=bool, count=len(batch.entries))  # [B]
-            # NOTE: only when some item wants it, so runners without per-token outputs keep working.
-            extra = {"all_tokens": mask} if mask.any() else {}
-            batch.prepared = p = self.runner.prepare(input_ids, cu_seqlens, **extra)
+            batch.prepared = p = self.runner.prepare(input_ids, cu_seqlens, all_tokens=mask if mask.any() else None)
             m = self.metrics
             if m is not None:
                 m.batch_next_size.observe(len(batch.entries))
@@ -217,7 +221,7 @@ class Pipeline:
         try:
             if self._put(batch):
                 return True
-            self._settle_all(batch, WorkerDead, "the model worker is not running")
+            self._resolve_all(batch, WorkerDead, "the model worker is not running")
         except Exception as exc:  # noqa: BLE001 - fails this batch only
             self._fail(batch, "hand over", exc)
         return False
@@ -232,10 +236,10 @@ class Pipeline:
                 continue
         return False
 
-    # -- worker thread: run -> settle -----------------------------------------------------------
+    # -- worker thread: execute -> deliver ------------------------------------------------------
     def _worker_loop(self) -> None:
         while (batch := self._take()) is not _STOP:
-            self._run(batch)
+            self._execute(batch)
 
     def _take(self) -> Any:
         """The next handed-over batch (or _STOP); waiting while work exists counts as idle."""
@@ -261,7 +265,8 @@ class Pipeline:
         if self.metrics is not None:
             self.metrics.worker_idle_ratio.set(self.idle_ratio)
 
-    def _run(self, batch: _Batch) -> None:
+    def _execute(self, batch: _Batch) -> None:
+        """runner.run on the prepared batch, then deliver its outputs; a failure fails this batch."""
         batch.forward_start = time.monotonic()
         self._slot.release()  # the prep thread may form the next batch while this one runs
         try:
@@ -272,27 +277,30 @@ class Pipeline:
             return
         batch.forward_end = time.monotonic()
         try:
-            self._settle(batch, out)
+            self._deliver(batch, out)
         except Exception as exc:  # noqa: BLE001 - fails this batch only
-            self._fail(batch, "settle", exc)
+            self._fail(batch, "deliver", exc)
 
-    def _settle(self, batch: _Batch, out: Any) -> None:
+    def _deliver(self, batch: _Batch, out: Any) -> None:
+        """Resolve every entry with its output, its queue time, the forward time and its cost."""
         values = split_outputs(out, len(batch.entries))
+        # Tokens each item cost: its length less what the runner read from its prefix cache.
+        computed = list(batch.prepared.computed_tokens) if batch.prepared is not None else []
+        if len(computed) != len(values):
+            raise RuntimeError(f"the runner counted computed tokens for {len(computed)} of {len(values)} items")
         forward_s = batch.forward_end - batch.forward_start
         if self.metrics is not None:
             self.metrics.forward_duration.observe(forward_s)
-        # Tokens each item cost (less what the runner read from its prefix cache), if it says.
-        computed = getattr(batch.prepared, "computed_tokens", ()) or [e.n_tokens for e in batch.entries]
         for e, value, cost in zip(batch.entries, values, computed):
-            self._settle_entry(e, (value, batch.forward_start - e.arrival, forward_s, int(cost)), None)
+            self._resolve(e, (value, batch.forward_start - e.arrival, forward_s, int(cost)), None)
 
     # -- either thread --------------------------------------------------------------------------
     def _fail(self, batch: _Batch, stage: str, exc: Exception) -> None:
         """Fail this batch only: the details go to the log, a generic error to the clients."""
         log.error("batch %d failed at %s: %s: %s; requests %s", batch.batch_id, stage, type(exc).__name__, exc,
                   ", ".join(batch.labels), exc_info=exc)
-        self._settle_all(batch, BatchFailed, "the model failed on this batch")
+        self._resolve_all(batch, BatchFailed, "the model failed on this batch")
 
-    def _settle_all(self, batch: _Batch, error: type[Exception], message: str) -> None:
+    def _resolve_all(self, batch: _Batch, error: type[Exception], message: str) -> None:
         for e in batch.entries:  # NOTE: one exception object per entry: each is raised in its own task
-            self._settle_entry(e, None, error(message))
+            self._resolve(e, None, error(message))

@@ -16,7 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.radix import build_index, positions_from_cu_seqlens
-from scheduler.forming import Entry, PrefixPolicy, form_batch_fifo, make_former
+from scheduler.forming import Entry, PrefixPolicy, form_batch_fifo
+from scheduler.policy import make_former
 from scheduler.prefix_forming import PrefixFormer
 
 SYSTEM = list(range(1000, 1040))  # the template prefix every request shares (40 tokens)

@@ -84,7 +84,7 @@ def test_all_tokens_mask_is_checked(runner):
 
 
 class MaskRunner(FakeRunner):
-    """FakeRunner that records the all_tokens mask per batch and answers [L, 2] for flagged items."""
+    """FakeRunner (flagged items answer [L, 2]) that records the all_tokens mask per batch."""
 
     def __init__(self):
         super().__init__()
@@ -92,20 +92,11 @@ class MaskRunner(FakeRunner):
         self.entered = threading.Event()
         self.release = threading.Event()
 
-    def prepare(self, input_ids, cu_seqlens, **kw):
+    def prepare(self, input_ids, cu_seqlens, *, all_tokens=None):
         self.entered.set()
         self.release.wait(10)  # the first batch waits until everything else is queued
-        self.masks.append(kw.get("all_tokens"))
-        prepared = super().prepare(input_ids, cu_seqlens)
-        prepared.mask = kw.get("all_tokens")
-        return prepared
-
-    def run(self, prepared):
-        pooled = super().run(prepared).numpy()  # [B, 2]
-        if prepared.mask is None:
-            return pooled
-        return [np.array([[t, 1.0] for t in s], np.float32) if m else p
-                for s, m, p in zip(prepared.seqs, prepared.mask, pooled)]
+        self.masks.append(all_tokens)
+        return super().prepare(input_ids, cu_seqlens, all_tokens=all_tokens)
 
 
 def test_scheduler_passes_the_mask_only_when_an_item_wants_it():

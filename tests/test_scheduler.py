@@ -26,11 +26,13 @@ class Boom(BaseException):
 
 
 class FakePrepared:
-    """What the scheduler reads from ``runner.prepare``: the sequences and N, N', N'/N."""
+    """What the scheduler reads from ``runner.prepare`` (scheduler.Prepared): N, N', N'/N and the
+    tokens computed per item (all of them: no cache), plus the sequences and the all_tokens mask."""
 
-    def __init__(self, seqs: list[list[int]], threshold: float):
-        self.seqs = seqs
+    def __init__(self, seqs: list[list[int]], threshold: float, mask=None):
+        self.seqs, self.mask = seqs, mask
         self.n_tokens = sum(map(len, seqs))
+        self.computed_tokens = tuple(map(len, seqs))
         prefixes = {tuple(s[: k + 1]) for s in seqs for k in range(len(s))}
         self.ratio = len(prefixes) / self.n_tokens if self.n_tokens else 1.0
         self.used_index = threshold >= 1.0 or 0.0 < threshold and self.ratio < threshold
@@ -38,6 +40,8 @@ class FakePrepared:
 
 
 class FakeRunner:
+    """A scheduler.ModelRunner: ``prepare`` on the prep thread, ``run`` on the worker."""
+
     def __init__(self, *, kind="embedding", run_s=0.0, prep_s=0.0, fail_token=None, die_token=None,
                  prep_fail_token=None, threshold=0.0):
         self.kind = kind
@@ -51,14 +55,14 @@ class FakeRunner:
         self.gate.set()
         self.running = threading.Event()
 
-    def prepare(self, input_ids, cu_seqlens):
+    def prepare(self, input_ids, cu_seqlens, *, all_tokens=None):
         assert input_ids.dtype == np.int32 and cu_seqlens.dtype == np.int32
         t0 = time.monotonic()
         time.sleep(self.prep_s)
         seqs = [input_ids[cu_seqlens[i] : cu_seqlens[i + 1]].tolist() for i in range(len(cu_seqlens) - 1)]
         if self.prep_fail_token in input_ids:
             raise ValueError("injected prepare failure")
-        prepared = FakePrepared(seqs, self.threshold)
+        prepared = FakePrepared(seqs, self.threshold, all_tokens)
         self.prepared.append(prepared)
         self.prep_times.append((t0, time.monotonic()))
         return prepared
@@ -77,7 +81,11 @@ class FakeRunner:
             raise ValueError("injected failure")
         if self.kind == "reranker":
             return torch.tensor([float(sum(s)) for s in seqs])  # [B]
-        return torch.tensor([[float(sum(s)), float(len(s))] for s in seqs])  # [B, 2]
+        pooled = torch.tensor([[float(sum(s)), float(len(s))] for s in seqs])  # [B, 2]
+        if prepared.mask is None or not prepared.mask.any():
+            return pooled
+        # Flagged items answer one row per token, [L, 2]: [token, 1].
+        return [torch.tensor([[float(t), 1.0] for t in s]) if m else p for s, m, p in zip(seqs, prepared.mask, pooled)]
 
     def batches(self) -> list[list[list[int]]]:
         return [p.seqs for p in self.prepared]

@@ -28,9 +28,9 @@ class GatedPrepRunner(FakeRunner):
         super().__init__(threshold=1.0)
         self.prep_gate = threading.Event()
 
-    def prepare(self, input_ids, cu_seqlens):
+    def prepare(self, input_ids, cu_seqlens, *, all_tokens=None):
         self.prep_gate.wait(10)
-        return super().prepare(input_ids, cu_seqlens)
+        return super().prepare(input_ids, cu_seqlens, all_tokens=all_tokens)
 
 
 def backlog(seed: int = 0) -> list[list[list[int]]]:

@@ -1,6 +1,6 @@
 """Faults at every step of a batch's life, and a dead thread; the event loop never waits on forming.
 
-Each injected ``Exception`` (form, index, prepare, hand over, run, settle) must fail only the batch
+Each injected ``Exception`` (form, index, prepare, hand over, run, deliver) must fail only the batch
 it hit: those entries get a generic BatchFailed, the log names the stage, the batch and the
 request ids, the next batch is served and the scheduler stays alive. A ``BaseException`` kills a
 thread: ``on_death`` is called once and everything pending gets WorkerDead.
@@ -27,7 +27,7 @@ def poisoned(waiting) -> bool:
 
 
 class BadOutputs(FakeRunner):
-    """Returns one output too few for a batch holding the poison token (fails in settle)."""
+    """Returns one output too few for a batch holding the poison token (fails in deliver)."""
 
     def run(self, prepared):
         out = super().run(prepared)
@@ -61,12 +61,12 @@ def _runner(stage: str) -> FakeRunner:
         return FakeRunner(prep_fail_token=POISON)
     if stage == "run":
         return FakeRunner(fail_token=POISON)
-    if stage == "settle":
+    if stage == "deliver":
         return BadOutputs()
     return FakeRunner()
 
 
-@pytest.mark.parametrize("stage", ["form", "prepare", "hand over", "run", "settle"])
+@pytest.mark.parametrize("stage", ["form", "prepare", "hand over", "run", "deliver"])
 def test_a_fault_fails_only_its_batch(stage, monkeypatch, caplog):
     runner = _runner(stage)
     caplog.set_level(logging.ERROR, logger="scheduler.pipeline")

@@ -1,9 +1,10 @@
 """The Scheduler: the asyncio-facing front of the batching pipeline.
 
 ``submit`` runs on the event loop: it enqueues one entry per item (one request's items
-contiguous) and awaits one future per item; the worker thread resolves them with
-``loop.call_soon_threadsafe``. Invariant: every future handed out is settled exactly once, by a
-result, BatchFailed, WorkerDead, or its own cancellation.
+contiguous) and awaits one future per item; the pipeline resolves them (``_resolve``, any thread)
+through ``loop.call_soon_threadsafe``. Invariant: every future handed out is resolved exactly
+once, by a result, BatchFailed, WorkerDead, or its own cancellation. The runner is any
+``ModelRunner`` (scheduler/contract.py).
 
 Client disconnects: cancellation is the mechanism. When the task awaiting ``submit`` is
 cancelled (the server does that when the client goes away), its entries still waiting are
@@ -19,11 +20,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
-from .forming import Entry, PrefixPolicy, make_former
+from .contract import ModelRunner
+from .forming import Entry, PrefixPolicy
 from .metrics import Metrics
 from .pipeline import Pipeline, WorkerDead
+from .policy import make_former
 from .waiting import QueueClosed, WaitQueue
 
 log = logging.getLogger(__name__)
@@ -47,8 +50,13 @@ class _Ticket:
         self.future: asyncio.Future = loop.create_future()
 
 
-def _settle(fut: asyncio.Future, value: Any, exc: BaseException | None) -> None:
-    if fut.done():  # cancelled by the client side, or settled already
+def _ticket(entry: Entry) -> _Ticket:
+    return cast(_Ticket, entry.payload)  # the scheduler alone makes entries, each with its ticket
+
+
+def _resolve_future(fut: asyncio.Future, value: Any, exc: BaseException | None) -> None:
+    """On the future's own loop: set its outcome unless it is done (cancelled by the client side)."""
+    if fut.done():
         return
     if exc is not None:
         fut.set_exception(exc)
@@ -61,7 +69,7 @@ class Scheduler:
 
     def __init__(
         self,
-        runner,
+        runner: ModelRunner,
         *,
         max_batch_tokens: int,
         max_batch_requests: int | None = None,
@@ -88,8 +96,8 @@ class Scheduler:
         former = make_former(policy, max_tokens=max_batch_tokens, max_requests=max_batch_requests, prefix=prefix_policy)
         self._pipeline = Pipeline(
             runner, self._waiting, former, metrics=metrics,
-            settle=lambda e, value, exc: self._finish(e.payload, value, exc),
-            label=lambda e: e.payload.label,
+            resolve=lambda e, value, exc: self._resolve(_ticket(e), value, exc),
+            label=lambda e: _ticket(e).label,
             on_death=self._on_death,
         )
 
@@ -106,7 +114,7 @@ class Scheduler:
         with self._lock:
             self._accepting = False
         for e in self._waiting.close(clear=not drain):
-            self._finish(e.payload, None, WorkerDead("the server is shutting down"))
+            self._resolve(_ticket(e), None, WorkerDead("the server is shutting down"))
         if self._started:
             self._pipeline.join(timeout)
 
@@ -119,12 +127,12 @@ class Scheduler:
     def queue_size(self) -> int:
         return self._waiting.size
 
-    # -- settling (any thread) ------------------------------------------------------------------
-    def _finish(self, ticket: _Ticket, value: Any, exc: BaseException | None) -> None:
+    # -- resolving an item's future (any thread) ------------------------------------------------
+    def _resolve(self, ticket: _Ticket, value: Any, exc: BaseException | None) -> None:
         with self._lock:
             self._pending.discard(ticket)
         try:
-            ticket.loop.call_soon_threadsafe(_settle, ticket.future, value, exc)
+            ticket.loop.call_soon_threadsafe(_resolve_future, ticket.future, value, exc)
         except RuntimeError:  # the loop is closed: nobody is waiting any more
             pass
 
@@ -137,7 +145,7 @@ class Scheduler:
             self._pending.clear()
         self._waiting.close(clear=True)  # its entries' tickets are among the pending ones
         for t in tickets:
-            self._finish(t, None, WorkerDead("the model worker is not running"))
+            self._resolve(t, None, WorkerDead("the model worker is not running"))
         if self._on_death_cb is not None:
             try:
                 self._on_death_cb(exc)
@@ -187,8 +195,8 @@ class Scheduler:
         try:
             await asyncio.wait(futures, return_when=asyncio.FIRST_EXCEPTION)
             for f in futures:  # the first failure in item order; all done when none failed
-                if f.done() and f.exception() is not None:
-                    raise f.exception()
+                if f.done() and (exc := f.exception()) is not None:
+                    raise exc
         except BaseException:  # failure or cancellation: drop what is still queued
             self._cancel(tickets)
             raise
