@@ -12,8 +12,8 @@ Which implementation runs on CUDA is set by ``RADIXSERVE_GATHER_IMPL``:
 NOTE: the rule is to keep the custom kernel only where a measurement on the GPU shows it beating
 torch (index_select, advanced indexing, torch.gather, against a device-to-device copy). Until
 such figures exist it has neither won nor been seen to be correct on hardware, and ``auto``
-does not use it: an unmeasured kernel must not be what every GPU user runs by default. ``python -m loadtest.gpu_check`` runs its tests and
-``loadtest.bench_kernels``; point ``auto`` at the kernel where those figures say it wins.
+does not use it: an unmeasured kernel must not be what every GPU user runs by default. ``python -m benchmarks.gpu_check`` runs its tests and
+``benchmarks.bench_kernels``; point ``auto`` at the kernel where those figures say it wins.
 
 ``RADIXSERVE_DISABLE_KERNELS=1`` forces the ref twins and never builds anything. Importing this
 package never builds the extension: the build happens on the first ``get_*``/``describe`` call

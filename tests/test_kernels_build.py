@@ -233,7 +233,7 @@ def test_build_now_uses_a_private_dir_despite_a_killed_builds_lock(monkeypatch, 
 
 def test_main_refuses_without_cuda_torch(capsys):
     if torch.version.cuda is not None:
-        pytest.skip("a CUDA torch really compiles here; loadtest.gpu_check covers it")
+        pytest.skip("a CUDA torch really compiles here; benchmarks.gpu_check covers it")
     assert build.main([]) == 2
     assert "no CUDA support" in capsys.readouterr().err
 

@@ -5,7 +5,7 @@ Each case is B sequences of L tokens whose first round(share * L) tokens are one
 sequences sharing their first token. Figures are medians over --repeats builds; nothing here
 asserts a time.
 
-    python -m loadtest.bench_index [--repeats N] [--json] [--seed S]
+    python -m benchmarks.bench_index [--repeats N] [--json] [--seed S]
 """
 from __future__ import annotations
 

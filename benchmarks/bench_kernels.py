@@ -9,7 +9,7 @@ qkv_proj is fused: K is a head slice of the rotated [T, H+Hkv, D] q/k, V one of 
 read + written (2 * rows_out * row_bytes per tensor) and the share of the copy ceiling.
 
 Invariant: figures on CPU are only a smoke test and are labelled "cpu, not meaningful".
-Usage: python -m loadtest.bench_kernels [--sizes 8192,32768,70000] [--json PATH|-]
+Usage: python -m benchmarks.bench_kernels [--sizes 8192,32768,70000] [--json PATH|-]
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 tests, time the gathers.
 
 Meant for one call on the lent H100 (torch cu13x, no fastapi there):
-    python -m loadtest.gpu_check --out $OUT
+    python -m benchmarks.gpu_check --out $OUT
 The tests are every tests/ file with a gpu-marked test (kernels and their build/self-test,
 attention backends and the one-call fallbacks, the fused model in bf16 against transformers, no
 host syncs) plus the kernels' CPU plumbing. Writes gpu_check.md (human report), gpu_check.json (all figures), pytest.log and bench.json
@@ -131,7 +131,7 @@ def _pytest(out: Path, timeout_s: int) -> dict:
 
 
 def _bench(out: Path, sizes: str) -> dict:
-    from loadtest import bench_kernels
+    from benchmarks import bench_kernels
 
     t0 = time.perf_counter()
     try:
