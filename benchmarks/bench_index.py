@@ -81,7 +81,7 @@ def run(*, repeats: int, seed: int = 0) -> list[Result]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="bench_index", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench index", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20, help="timed builds per case")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print a JSON list instead")

@@ -171,7 +171,7 @@ def format_table(records: list[dict], label: str) -> str:
 
 
 def main(argv=None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_kernels", description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="8192,32768,70000", help="N (output rows), comma separated")
     p.add_argument("--models", default=",".join(MODELS), help="comma separated: " + ", ".join(MODELS))
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])

