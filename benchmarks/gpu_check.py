@@ -75,13 +75,13 @@ def _install_wheels(folder: Path) -> str:
 
 def _build() -> dict:
     import kernels
-    from kernels import gather
+    from kernels import build, gather
 
     t0 = time.perf_counter()
     os.environ["RADIXSERVE_GATHER_IMPL"] = "cuda"
     ext = gather.load_extension()
     step = {"ok": ext is not None, "seconds": round(time.perf_counter() - t0, 1),
-            "error": gather.load_error(), "build_dir": str(gather.extension_root())}
+            "error": gather.load_error(), "build_dir": str(build.extension_root())}
     if torch.version.cuda is not None:
         step["stamp"] = gather.stamp_fields()
     if ext is not None:

@@ -4,17 +4,15 @@ The oracle everywhere is plain advanced indexing / index_add_ on the same inputs
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
 import kernels
-from kernels import gather
+from kernels import build, gather
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
@@ -23,9 +21,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 def _clean_state(monkeypatch):
     monkeypatch.delenv("RADIXSERVE_DISABLE_KERNELS", raising=False)
     monkeypatch.delenv("RADIXSERVE_GATHER_IMPL", raising=False)
-    gather.reset_for_tests()
-    yield
-    gather.reset_for_tests()
+    monkeypatch.setattr(gather, "LOADER", gather.Loader())  # no load attempt remembered
 
 
 def _index(n_src: int, m: int, dtype=torch.int64, device="cpu", seed=0) -> torch.Tensor:
@@ -213,21 +209,11 @@ def test_impl_setting_selects_kernel(monkeypatch):
         kernels.get_gather_rows("cuda")
 
 
-def test_stale_lock_cleaner(tmp_path):
-    assert gather.clear_stale_lock(tmp_path) is False
-    lock = tmp_path / "lock"
-    lock.touch()
-    assert gather.clear_stale_lock(tmp_path, max_age_s=60) is False and lock.exists()
-    old = time.time() - 3600
-    os.utime(lock, (old, old))
-    assert gather.clear_stale_lock(tmp_path, max_age_s=60) is True and not lock.exists()
-
-
 def test_extension_root_env(monkeypatch, tmp_path):
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    assert gather.extension_root() == tmp_path
+    assert build.extension_root() == tmp_path
     monkeypatch.delenv("TORCH_EXTENSIONS_DIR")
-    assert gather.extension_root() == Path.home() / ".cache" / "radixserve" / "torch_extensions"
+    assert build.extension_root() == Path.home() / ".cache" / "radixserve" / "torch_extensions"
 
 
 def test_import_does_not_build():
