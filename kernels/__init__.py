@@ -5,15 +5,16 @@ The forward moves rows between the compact (N') and full (N) layouts with gather
 twins are the CPU path, the fallback and the test oracle. Gradients flow through every variant.
 
 Which implementation runs on CUDA is set by ``RADIXSERVE_GATHER_IMPL``:
-- ``auto`` (default): torch's index_select, and nothing is built.
+- ``torch``: torch's index_select everywhere, and nothing is built.
 - ``cuda``: the custom kernel (kernels/gather.cu) wherever its checks pass, the K/V pair in one
   launch; loaded prebuilt or built on first use, then self-tested (kernels/gather.py).
-- ``torch``: index_select everywhere (what ``auto`` is today).
+- ``auto`` (default): an alias for the implementation ``AUTO_GATHER_IMPL`` names, ``torch`` today.
 NOTE: the rule is to keep the custom kernel only where a measurement on the GPU shows it beating
 torch (index_select, advanced indexing, torch.gather, against a device-to-device copy). Until
 such figures exist it has neither won nor been seen to be correct on hardware, and ``auto``
-does not use it: an unmeasured kernel must not be what every GPU user runs by default. ``python -m loadtest.gpu_check`` runs its tests and
-``loadtest.bench_kernels``; point ``auto`` at the kernel where those figures say it wins.
+does not use it: an unmeasured kernel must not be what every GPU user runs by default.
+``python -m benchmarks.gpu_check`` runs its tests and ``benchmarks.bench_kernels``; point
+``AUTO_GATHER_IMPL`` at the kernel where those figures say it wins.
 
 ``RADIXSERVE_DISABLE_KERNELS=1`` forces the ref twins and never builds anything. Importing this
 package never builds the extension: the build happens on the first ``get_*``/``describe`` call
@@ -30,6 +31,7 @@ GatherFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 GatherPairFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], "tuple[torch.Tensor, torch.Tensor]"]
 
 GATHER_IMPLS = ("auto", "cuda", "torch")
+AUTO_GATHER_IMPL = "torch"  # what ``auto`` resolves to (see the module docstring)
 
 
 def ref_gather_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -62,17 +64,18 @@ def _resolve(device: torch.device | str):
         return None, "RADIXSERVE_DISABLE_KERNELS is set"
     if device.type != "cuda":
         return None, f"{device.type} device"
-    impl = gather_impl()
+    setting = gather_impl()
+    reason = f"RADIXSERVE_GATHER_IMPL={setting}"
+    impl = AUTO_GATHER_IMPL if setting == "auto" else setting
     if impl == "torch":
-        return None, "RADIXSERVE_GATHER_IMPL=torch"
-    if impl == "auto":  # see the module docstring: unmeasured on GPU hardware, so opt-in only
-        return None, "RADIXSERVE_GATHER_IMPL=auto; =cuda opts in to the custom kernel"
+        hint = "; =cuda opts in to the custom kernel" if setting == "auto" else ""
+        return None, reason + hint
     from kernels import gather  # NOTE: builds only inside load_extension(), never at import
 
     ext = gather.load_extension()
     if ext is None:
         return None, f"gather kernel unavailable: {gather.load_error()}"
-    return ext, f"RADIXSERVE_GATHER_IMPL={impl}"
+    return ext, reason
 
 
 def get_gather_rows(device: torch.device | str) -> GatherFn:

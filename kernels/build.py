@@ -28,13 +28,35 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 log = logging.getLogger(__name__)
 
 STALE_BUILD_S = 3600.0  # a private build dir older than this is abandoned, whatever its pid
+
+
+@dataclass(frozen=True)
+class Extension:
+    """One CUDA extension: its module name, sources and nvcc flags (all part of its stamp)."""
+
+    name: str
+    sources: tuple[Path, ...]
+    cuda_flags: tuple[str, ...]
+
+
+GATHER = Extension("radixserve_gather", (Path(__file__).with_name("gather.cu"),),
+                   ("-O3", "--expt-relaxed-constexpr"))
+EXTENSIONS = (GATHER,)  # what ``python -m kernels.build`` builds
+
+
+def extension_root() -> Path:
+    """Where builds live: $TORCH_EXTENSIONS_DIR, else ~/.cache/radixserve/torch_extensions."""
+    env = os.environ.get("TORCH_EXTENSIONS_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "radixserve" / "torch_extensions"
 
 
 def source_digest(sources: Sequence[Path]) -> str:
@@ -146,6 +168,30 @@ def clear_abandoned_builds(parent: Path, *, max_age_s: float = STALE_BUILD_S) ->
     return removed
 
 
+def build_now(ext: Extension, root: Path | None = None) -> Path:
+    """Compile ``ext`` into a private ``tmp-<pid>-*`` directory, stamp it, rename it into place.
+
+    Returns the library directory. Runs in ``python -m kernels.build`` (image build, or the
+    subprocess a start-up without a usable library runs), never inside a serving process.
+    """
+    from torch.utils import cpp_extension  # NOTE: imported lazily; never at module import
+
+    fields = stamp_fields(ext.sources, ext.cuda_flags)
+    final = library_dir(root or extension_root(), ext.name, fields)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    clear_abandoned_builds(final.parent)
+    work = Path(tempfile.mkdtemp(prefix=f"tmp-{os.getpid()}-", dir=final.parent))
+    try:
+        cpp_extension.load(name=ext.name, sources=[str(src) for src in ext.sources],
+                           build_directory=str(work), extra_cuda_cflags=list(ext.cuda_flags), verbose=False)
+        write_stamp(work, ext.name, fields)
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(work, final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
 def run_build(cmd: Sequence[str], *, timeout_s: float, env: dict | None = None) -> str | None:
     """Run a build command in its own process group; None on success, else why it failed.
 
@@ -175,19 +221,17 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import torch
 
-    from kernels import gather
-
     if torch.version.cuda is None:
         print("kernels.build: this torch has no CUDA support; nothing to build", file=sys.stderr)
         return 2
-    try:
-        where = gather.build_now(Path(args.root) if args.root else None)
-    except Exception as exc:  # noqa: BLE001 - report any compiler failure and fail the build
-        print(f"kernels.build: {gather.EXTENSION_NAME} failed: {exc}", file=sys.stderr)
-        return 1
-    print(f"kernels.build: {gather.EXTENSION_NAME} built in {where}")
+    for ext in EXTENSIONS:
+        try:
+            where = build_now(ext, Path(args.root) if args.root else None)
+        except Exception as exc:  # noqa: BLE001 - report any compiler failure and fail the build
+            print(f"kernels.build: {ext.name} failed: {exc}", file=sys.stderr)
+            return 1
+        print(f"kernels.build: {ext.name} built in {where}")
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

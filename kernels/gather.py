@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import sys
-import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -31,69 +28,18 @@ from kernels import build
 
 log = logging.getLogger(__name__)
 
-EXTENSION_NAME = "radixserve_gather"
-SOURCE = Path(__file__).with_name("gather.cu")
-CUDA_FLAGS = ("-O3", "--expt-relaxed-constexpr")
-STALE_LOCK_S = 600.0  # a build takes ~1-3 min; a lock older than this was left by a killed one
+EXTENSION = build.GATHER
+EXTENSION_NAME = EXTENSION.name
+SOURCE = EXTENSION.sources[0]
+CUDA_FLAGS = EXTENSION.cuda_flags
 BUILD_TIMEOUT_S = 300.0  # the most a start-up waits for a rebuild
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 
-_lock = threading.Lock()
-_state: dict = {"tried": False, "ext": None, "error": None}
-
-
-def extension_root() -> Path:
-    """Where builds live: $TORCH_EXTENSIONS_DIR, else ~/.cache/radixserve/torch_extensions."""
-    env = os.environ.get("TORCH_EXTENSIONS_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "radixserve" / "torch_extensions"
-
 
 def stamp_fields() -> dict:
     """What a library built here and now would be stamped with."""
-    return build.stamp_fields([SOURCE], CUDA_FLAGS)
-
-
-def clear_stale_lock(build_dir: Path | str, *, max_age_s: float = STALE_LOCK_S) -> bool:
-    """Remove ``build_dir/lock`` if older than ``max_age_s`` (a killed build's leftover).
-
-    torch's FileBaton waits forever on an existing lock. Builds run in private directories
-    (kernels/build.py), so this only matters for a directory shared with an older release.
-    """
-    lock = Path(build_dir) / "lock"
-    try:
-        age = time.time() - lock.stat().st_mtime
-    except FileNotFoundError:
-        return False
-    if age < max_age_s:
-        return False
-    log.warning("removing stale extension build lock %s (%.0f s old)", lock, age)
-    lock.unlink(missing_ok=True)
-    return True
-
-
-def build_now(root: Path | None = None) -> Path:
-    """Compile into a private ``tmp-<pid>-*`` directory, stamp it, rename it into place.
-
-    Returns the library directory. Runs in ``python -m kernels.build`` (image build, or the
-    subprocess of ``load_extension``), never inside a serving process.
-    """
-    from torch.utils import cpp_extension  # NOTE: imported lazily; never at module import
-
-    fields = stamp_fields()
-    final = build.library_dir(root or extension_root(), EXTENSION_NAME, fields)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    build.clear_abandoned_builds(final.parent)
-    work = Path(tempfile.mkdtemp(prefix=f"tmp-{os.getpid()}-", dir=final.parent))
-    try:
-        cpp_extension.load(name=EXTENSION_NAME, sources=[str(SOURCE)], build_directory=str(work),
-                           extra_cuda_cflags=list(CUDA_FLAGS), verbose=False)
-        build.write_stamp(work, EXTENSION_NAME, fields)
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(work, final)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
-    return final
+    return build.stamp_fields(EXTENSION.sources, EXTENSION.cuda_flags)
 
 
 def self_test(ext, device: torch.device | str = "cuda") -> str | None:
@@ -152,33 +98,44 @@ def resolve_library(*, load: Callable, rebuild: Callable[[], str | None],
 def _load():
     fields = stamp_fields()
     return build.load_prebuilt(EXTENSION_NAME,
-                               build.library_dir(extension_root(), EXTENSION_NAME, fields), fields)
+                               build.library_dir(build.extension_root(), EXTENSION_NAME, fields), fields)
+
+
+class Loader:
+    """One attempt to load the library (rebuilding it once if need be), made on the first
+    ``load()`` and remembered: the extension, or None and ``error`` saying why. Thread-safe.
+    The process uses ``LOADER``; a new Loader has made no attempt yet."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tried = False
+        self.ext = None
+        self.error: str | None = None
+
+    def load(self):
+        with self._lock:
+            if not self._tried:
+                self._tried = True
+                if not torch.cuda.is_available():
+                    self.error = "CUDA is not available"
+                else:
+                    self.ext, self.error = resolve_library(load=_load, rebuild=subprocess_build, check=self_test)
+                    if self.ext is None:
+                        log.warning("gather kernel not used, falling back to torch: %s", self.error)
+            return self.ext
+
+
+LOADER = Loader()
 
 
 def load_extension():
     """The compiled module, or None when CUDA, the build or the self-test fails (tried once)."""
-    with _lock:
-        if not _state["tried"]:
-            _state["tried"] = True
-            if not torch.cuda.is_available():
-                _state["error"] = "CUDA is not available"
-            else:
-                ext, why = resolve_library(load=_load, rebuild=subprocess_build, check=self_test)
-                _state["ext"], _state["error"] = ext, why
-                if ext is None:
-                    log.warning("gather kernel not used, falling back to torch: %s", why)
-        return _state["ext"]
+    return LOADER.load()
 
 
 def load_error() -> str | None:
     """Why ``load_extension()`` returned None (None when it has not failed)."""
-    return _state["error"]
-
-
-def reset_for_tests() -> None:
-    """Forget the cached build attempt (tests only)."""
-    with _lock:
-        _state.update(tried=False, ext=None, error=None)
+    return LOADER.error
 
 
 def row_width(src: torch.Tensor) -> int | None:

@@ -20,7 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
-from loadtest import datasets, documents, report, workloads
+from loadtest import datasets, documents, needs, report, workloads
 from loadtest.client import RunConfig, TargetDown
 
 
@@ -119,6 +119,8 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--title", default=None,
                    help="report and plot title (the plot adds the data source to it)")
     g.add_argument("--out", default=None, help="directory for report.json, report.md and report.png")
+    g.add_argument("--no-plot", action="store_true",
+                   help="with --out: no report.png (for a machine without matplotlib)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -212,8 +214,10 @@ def _emit(summaries: list[dict], a, *, title: str) -> None:
         from loadtest import plot
 
         paths = report.write(summaries, a.out, title=title)
-        png = plot.plot(summaries, Path(a.out) / "report.png", title=title)
-        print(f"wrote {paths['json']}, {paths['md']}, {png}", file=sys.stderr)
+        written = [paths["json"], paths["md"]]
+        if not a.no_plot:
+            written.append(plot.plot(summaries, Path(a.out) / "report.png", title=title))
+        print(f"wrote {', '.join(str(p) for p in written)}", file=sys.stderr)
 
 
 def cmd_run(a) -> int:
@@ -285,6 +289,10 @@ def _exit_on_sigterm(signum, frame) -> None:
 
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
+    gone = needs.missing(a)  # before any server starts or request goes out
+    if gone:
+        print(needs.message(gone), file=sys.stderr)
+        return 2
     # SIGTERM unwinds like Ctrl-C, so servers started by `compare` are stopped on the way out.
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if in_main else None

@@ -79,7 +79,7 @@ def load_file(path: str | Path, *, limit: int | None = None) -> Dataset:
         try:
             import pyarrow.parquet as pq
         except ImportError as e:
-            raise DatasetError("reading parquet needs pyarrow (pip install pyarrow)") from e
+            raise DatasetError('reading parquet needs pyarrow (pip install -e ".[loadtest]")') from e
         records = pq.read_table(path).to_pylist()
     elif suffix in (".jsonl", ".json"):
         with path.open(encoding="utf-8") as f:

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from loadtest import bench_forward_ab as tools
+from benchmarks import bench_forward_ab as tools
 from models.runner import load_runner
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -13,7 +13,7 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from loadtest import bench_forward, bench_index
+from benchmarks import bench_forward, bench_index
 from models.linear import pack_linears, unpack_linears
 from models.batch import build_forward_batch
 from models.runner import load_runner
@@ -95,7 +95,7 @@ def test_index_bench_branch_case():
 
 
 def test_linear_bench_compares_both_paths(tiny_embedding_dir, capsys):
-    from loadtest import bench_linear
+    from benchmarks import bench_linear
 
     assert bench_linear.main(["--model-dir", str(tiny_embedding_dir), "--rows", "1", "9", "--repeats", "1"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()

@@ -225,7 +225,7 @@ def test_build_now_uses_a_private_dir_despite_a_killed_builds_lock(monkeypatch, 
         return object()
 
     monkeypatch.setattr(cpp_extension, "load", fake_load)
-    assert gather.build_now(tmp_path) == final
+    assert build.build_now(build.GATHER, tmp_path) == final
     assert not killed.exists() and seen[0] != str(final)
     assert build.check_stamp(final, gather.EXTENSION_NAME, gather.stamp_fields()) is None
     assert not list(final.parent.glob("tmp-*"))
@@ -233,7 +233,7 @@ def test_build_now_uses_a_private_dir_despite_a_killed_builds_lock(monkeypatch, 
 
 def test_main_refuses_without_cuda_torch(capsys):
     if torch.version.cuda is not None:
-        pytest.skip("a CUDA torch really compiles here; loadtest.gpu_check covers it")
+        pytest.skip("a CUDA torch really compiles here; benchmarks.gpu_check covers it")
     assert build.main([]) == 2
     assert "no CUDA support" in capsys.readouterr().err
 
@@ -245,5 +245,5 @@ def test_real_library_passes_its_self_test_on_this_gpu():
     assert ext is not None, gather.load_error()
     assert gather.self_test(ext, "cuda") is None
     fields = gather.stamp_fields()
-    d = build.library_dir(gather.extension_root(), gather.EXTENSION_NAME, fields)
+    d = build.library_dir(build.extension_root(), gather.EXTENSION_NAME, fields)
     assert build.check_stamp(d, gather.EXTENSION_NAME, fields) is None

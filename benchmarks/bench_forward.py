@@ -15,7 +15,7 @@ alike: the way to measure a model-code change on a shared, noisy machine.
 profiler, CPU): on a GPU each is at least one kernel launch, the cost that dominates small batches.
 Figures only; nothing is asserted.
 
-    python -m loadtest.bench forward --preset qwen3-0.6b --layers 2 --dtype float32 \
+    python -m benchmarks.bench forward --preset qwen3-0.6b --layers 2 --dtype float32 \
         --batch 16 --prefix 128 512 --suffix 128
 """
 from __future__ import annotations
@@ -29,12 +29,13 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from benchmarks.bench_forward_ab import ab, attention_ab, count_ops, old_model
+from benchmarks.synthetic import MODES, synthetic_batch
 from models.batch import build_forward_batch
 from models.config import ModelConfig
 from models.runner import Runner, load_runner
 from models.radix import build_index, positions_from_cu_seqlens
 
-MODES = ("off", "paper", "compact")
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,6 @@ class Row:
     amdahl_time: float  # the same prediction with f measured as a share of `off` time
     pw_share_time: float
     index_ms: float  # median host time of build_index on this batch
-
 
 
 def position_wise_share(cfg: ModelConfig, lens: list[int]) -> float:
@@ -109,16 +109,6 @@ def index_build_ms(ids: np.ndarray, cu: np.ndarray, *, repeats: int) -> float:
     return statistics.median(times)
 
 
-def synthetic_batch(batch: int, prefix: int, suffix: int, *, vocab: int, seed: int):
-    rng = np.random.default_rng(seed)
-    shared = rng.integers(0, vocab, prefix)
-    seqs = [np.concatenate([shared, rng.integers(0, vocab, suffix)]) for _ in range(batch)]
-    ids = np.concatenate(seqs).astype(np.int32)
-    cu = np.zeros(batch + 1, dtype=np.int32)
-    cu[1:] = np.cumsum([len(s) for s in seqs])
-    return ids, cu
-
-
 def _time_interleaved(runner: Runner, batches: dict, *, warmup: int, repeats: int) -> dict:
     """Median ms per mode; modes alternate within each round so background load hits all alike."""
     cuda = runner.device.type == "cuda"
@@ -167,7 +157,7 @@ def bench(runner: Runner, *, batch: int, prefixes: list[int], suffix: int, warmu
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m loadtest.bench forward", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench forward", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model-dir", help="a checkpoint directory (or hub id)")
@@ -212,8 +202,6 @@ def main(argv=None) -> int:
         runner.model.layers[0].self_attn.kernels.attention = AttentionBackend(
             args.attention, PORTABLE[args.attention])  # one Kernels object shared by all layers
         runner.attention_backend = args.attention
-    from loadtest.bench_forward_ab import ab, attention_ab, count_ops, old_model
-
     if args.ab:
         rows = ab(runner, old_model(runner, args.ab, model_dir), batch=args.batch,
                   prefixes=args.prefix, suffix=args.suffix, warmup=args.warmup,

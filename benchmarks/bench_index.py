@@ -5,7 +5,7 @@ Each case is B sequences of L tokens whose first round(share * L) tokens are one
 sequences sharing their first token. Figures are medians over --repeats builds; nothing here
 asserts a time.
 
-    python -m loadtest.bench_index [--repeats N] [--json] [--seed S]
+    python -m benchmarks.bench_index [--repeats N] [--json] [--seed S]
 """
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def run(*, repeats: int, seed: int = 0) -> list[Result]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="bench_index", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench index", description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=20, help="timed builds per case")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", action="store_true", help="print a JSON list instead")

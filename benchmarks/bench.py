@@ -1,4 +1,4 @@
-"""Benchmark CLI: `python -m loadtest.bench forward ...` or `python -m loadtest.bench index ...`.
+"""Benchmark CLI: `python -m benchmarks.bench forward ...` or `python -m benchmarks.bench index ...`.
 
 Each subcommand's module is imported only when chosen (the index benchmark needs no model).
 """
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-USAGE = "usage: python -m loadtest.bench {forward,index} [options]  (--help after the subcommand)"
+USAGE = "usage: python -m benchmarks.bench {forward,index} [options]  (--help after the subcommand)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -16,11 +16,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if argv else 2
     command, rest = argv[0], argv[1:]
     if command == "forward":
-        from loadtest import bench_forward
+        from benchmarks import bench_forward
 
         return bench_forward.main(rest) or 0
     if command == "index":
-        from loadtest import bench_index
+        from benchmarks import bench_index
 
         return bench_index.main(rest) or 0
     print(f"unknown benchmark {command!r}\n{USAGE}", file=sys.stderr)

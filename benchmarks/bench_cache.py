@@ -17,7 +17,7 @@ Workloads (synthetic MS MARCO-shaped text from loadtest.datasets, the real Qwen3
 Prints per workload and configuration: batches, tokens per batch, computed rows per batch, p50 ms
 per batch, throughput, and the ratios against `no-cache`. Figures only; nothing is asserted.
 
-    python -m loadtest.bench_cache --preset qwen3-0.6b --layers 2 --dtype float32
+    python -m benchmarks.bench_cache --preset qwen3-0.6b --layers 2 --dtype float32
 """
 from __future__ import annotations
 
@@ -136,7 +136,7 @@ def bench(runner: Runner, batches, *, workload: str, threshold: float = 0.95,
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="python -m loadtest.bench_cache", description=__doc__,
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_cache", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="qwen3-0.6b", help="fixture preset (models.fixtures)")
     p.add_argument("--layers", type=int, default=2)

@@ -1,6 +1,6 @@
 """CPU forward time with oneDNN-packed linears vs F.linear, alternating call by call.
 
-    python -m loadtest.bench_linear --preset qwen3-0.6b --layers 2 --rows 1 6 26 137 512 2048
+    python -m benchmarks.bench_linear --preset qwen3-0.6b --layers 2 --rows 1 6 26 137 512 2048
 
 One runner, one process: each round runs the same single-sequence batch (radix off, no prefix
 cache: every row is computed) with the weights packed, then with them unpacked, so a shared
@@ -52,7 +52,7 @@ def compare(runner: Runner, rows: list[int], *, repeats: int = 7, warmup: int = 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m loadtest.bench_linear", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m benchmarks.bench_linear", description=__doc__.split("\n")[0])
     p.add_argument("--model-dir", help="a checkpoint directory (default: the --preset fixture)")
     p.add_argument("--preset", default="qwen3-0.6b", help="fixture preset (models.fixtures)")
     p.add_argument("--layers", type=int, default=2, help="layers of the fixture preset")
