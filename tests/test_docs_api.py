@@ -16,7 +16,6 @@ import importlib
 import io
 import re
 import sys
-import tomllib
 from pathlib import Path
 
 import httpx
@@ -57,8 +56,10 @@ def code_spans(cell: str) -> list[str]:
 # -- the flags ---------------------------------------------------------------------------------
 def help_flags(monkeypatch) -> set[str]:
     """Option strings that ``radixserve --help`` lists (argparse's own -h/--help left out)."""
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    module, func = scripts["radixserve"].split(":")
+    # NOTE: read from pyproject.toml, not the installed metadata, which may predate this checkout
+    # (and without tomllib: Python 3.10 is supported).
+    scripts = (ROOT / "pyproject.toml").read_text().split("[project.scripts]", 1)[1]
+    module, func = re.search(r'^radixserve\s*=\s*"([\w.]+):(\w+)"', scripts, flags=re.M).groups()
     main = getattr(importlib.import_module(module), func)
     monkeypatch.setattr(sys, "argv", ["radixserve", "--help"])
     out = io.StringIO()
