@@ -45,8 +45,8 @@ ONE_ITEM = ("rerank-pointwise", "embed-query", "embed-chunks")  # one item per r
 ORDERS = ("grouped", "shuffled", "interleave:K")
 EMBED_BATCH_SIZE = 64  # /v1/embeddings default items per request
 
-# Qwen3-Reranker template (DESIGN.md, "Qwen3 prompts"). A client-side copy on purpose: loadtest/
-# speaks HTTP only and must not import the server's packages.
+# Qwen3-Reranker template (docs/design.md, "Qwen3 prompts"). A client-side copy on purpose:
+# loadtest/ speaks HTTP only and must not import the server's packages.
 RERANK_PREFIX = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and "
     'the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'

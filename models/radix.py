@@ -30,7 +30,7 @@ _PAD_SLACK = 1 << 16
 
 @dataclass(frozen=True)
 class RadixIndex:
-    """The compact layout of one batch (see DESIGN.md, "RadixIndex contract")."""
+    """The compact layout of one batch (see docs/design.md, "RadixIndex contract")."""
 
     compact_ids: np.ndarray  # [N'] int32 token id of each unique node
     compact_positions: np.ndarray  # [N'] int32 position of each unique node

@@ -1,4 +1,4 @@
-"""Every Prometheus series of API.md, registered on one registry per app.
+"""Every Prometheus series of docs/api.md ("Metrics"), registered on one registry per app.
 
 TEI's names (te_*) so existing dashboards carry over, plus the RadixMLP series. A registry per
 app instance (never the process-global one) lets tests build several apps side by side.

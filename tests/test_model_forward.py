@@ -1,7 +1,7 @@
 """Our forward (off / paper / compact) against transformers' own classes, each sequence alone.
 
 Oracle: Qwen3Model / Qwen3ForCausalLM / Qwen2Model loaded by transformers from the same fixture
-directory, fp32 on CPU, run on every distinct sequence separately. 1e-4 max abs, per DESIGN.md.
+directory, fp32 on CPU, run on every distinct sequence separately. 1e-4 max abs, per docs/design.md.
 """
 from __future__ import annotations
 
