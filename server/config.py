@@ -228,10 +228,6 @@ def env_values(environ: Mapping[str, str] | None = None) -> tuple[dict[str, obje
     return out, notes
 
 
-def env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, object]:
-    return env_values(environ)[0]
-
-
 def _is_address(text: str) -> bool:
     try:
         ipaddress.ip_address(text.strip())

@@ -10,7 +10,7 @@ import pytest
 
 from server.app import create_app
 from server.config import ServerConfig
-from server.testing import ServerThread, cached_runner
+from tests.serving import ServerThread, cached_runner
 
 LONG = "word " * 200  # ~200 tokens
 

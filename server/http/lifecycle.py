@@ -19,7 +19,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from server.errors import error_bytes
+from server.http.errors import error_bytes
 
 log = logging.getLogger("radixserve.server")
 
@@ -38,7 +38,7 @@ class _Call:
 
 
 class Lifecycle:
-    """The drain state machine of one app; ``DrainGuard`` tracks and answers its requests."""
+    """The drain state machine of one app; ``DrainGate`` tracks and answers its requests."""
 
     def __init__(self, *, grace_s: float) -> None:
         self.grace_s = grace_s
@@ -99,7 +99,7 @@ class Lifecycle:
             self.on_stop()
 
 
-class DrainGuard:
+class DrainGate:
     """ASGI middleware: 503 for new requests while draining; tracks in-flight ones for the drain."""
 
     def __init__(self, app, *, lifecycle: Lifecycle) -> None:

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence, TypeVar
 
 from models import prompts
-from server.errors import ApiError
+from server.http.errors import ApiError
 
 T = TypeVar("T")
 
@@ -95,7 +95,7 @@ class Tokenization:
         422 when the request's inputs hold more than ``max_display_tokens`` tokens together.
         """
 
-        def run() -> bytes:
+        def render() -> bytes:
             full = [prompt + t for t in texts]
             encs = self.tokenizer.encode_batch(full, add_special_tokens=add_special_tokens)
             total = sum(len(e.ids) for e in encs)
@@ -114,7 +114,7 @@ class Tokenization:
                 out.append(tokens)
             return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
-        return await self._off_loop(run)
+        return await self._off_loop(render)
 
 
 class TooManyTokens(ValueError):

@@ -1,6 +1,6 @@
 """Request bodies parsed off the event loop, with cheap pre-checks before any per-item object.
 
-``parse_body(request, Model, max_items=N)`` reads the raw body (Guard has already bounded its
+``parse_body(request, Model, max_items=N)`` reads the raw body (FrontDoor has already bounded its
 size and read time) and returns a validated ``Model``. The work is ordered by cost, so a hostile
 body is refused before it can allocate much:
 1. bytes: UTF-8 (a UTF-16/32 body is named as such), then the number of JSON arrays and objects
@@ -24,7 +24,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
-from server.errors import ApiError, describe_errors
+from server.http.errors import ApiError, describe_errors
 
 M = TypeVar("M", bound=BaseModel)
 

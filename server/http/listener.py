@@ -6,7 +6,7 @@
   This protocol closes a connection whose request head is not complete ``header_timeout_s`` after
   the connection opened or after the previous response on it finished. The timer stops when the
   head is complete (uvicorn then creates a new request cycle); keep-alive is unaffected.
-- ``Server``: the first SIGTERM/SIGINT starts the Lifecycle drain instead of uvicorn's own
+- ``DrainingServer``: the first SIGTERM/SIGINT starts the Lifecycle drain instead of uvicorn's own
   shutdown, a second one forces the exit, and the signal is not re-raised afterwards (the process
   exits with the Lifecycle's status).
 - ``bind_sockets``: TCP on --hostname/--port, plus --uds-path when given.
@@ -25,7 +25,7 @@ import threading
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from server.lifecycle import Lifecycle
+from server.http.lifecycle import Lifecycle
 
 log = logging.getLogger("radixserve.server")
 
@@ -97,7 +97,7 @@ def protocol_class(header_timeout_s: float) -> type[HeadTimeoutH11]:
     return type("HeadTimeoutH11", (HeadTimeoutH11,), {"header_timeout_s": header_timeout_s})
 
 
-class Server(uvicorn.Server):
+class DrainingServer(uvicorn.Server):
     """uvicorn.Server whose signals drive ``lifecycle`` (drain, then stop)."""
 
     def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle) -> None:
