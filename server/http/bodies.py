@@ -98,7 +98,8 @@ def parse_bytes(raw: bytes, model: type[M], *, max_items: int, pick: Callable[[d
     if pick is not None:
         model = pick(data)
         what = getattr(model, "inputs_name", "inputs")
-    n = model.count_inputs(data) if hasattr(model, "count_inputs") else 0
+    count_inputs = getattr(model, "count_inputs", None)  # the input-carrying bodies define it
+    n = count_inputs(data) if count_inputs is not None else 0
     if n > max_items:
         raise too_many(n, max_items, what)
     try:

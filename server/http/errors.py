@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -114,7 +115,7 @@ def internal_message(rid: str) -> str:
     return f"internal error; request id {rid}"
 
 
-def describe_errors(errors: list[dict], *, prefix: str = "") -> str:
+def describe_errors(errors: Sequence[Mapping[str, Any]], *, prefix: str = "") -> str:
     """A one-line summary of pydantic's errors: ``body.dimensions: Input should be ...``."""
     parts = []
     for err in errors[:5]:

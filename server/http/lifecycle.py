@@ -18,6 +18,7 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from server.http.errors import error_bytes
 
@@ -48,7 +49,7 @@ class Lifecycle:
         self.reason = ""
         self.exit_code = 0
         self.deadline: float | None = None  # time.monotonic() by which the process must be gone
-        self.on_stop = None  # set by the CLI: tells the HTTP server to shut down
+        self.on_stop: Callable[[], None] | None = None  # set by the CLI: tells the HTTP server to shut down
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inflight: dict[asyncio.Task, _Call] = {}
         self._task: asyncio.Task | None = None
@@ -117,6 +118,7 @@ class DrainGate:
             return
         call = _Call()
         task = asyncio.current_task()
+        assert task is not None, "ASGI calls run in a task"
 
         async def tracked_send(message) -> None:
             if message["type"] == "http.response.start":

@@ -35,10 +35,10 @@ class HeadTimeoutH11(H11Protocol):
 
     header_timeout_s: float = 10.0
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport) -> None:
         no_delay(transport)
         super().connection_made(transport)
-        self._head_timer = None
+        self._head_timer: asyncio.TimerHandle | None = None
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -61,8 +61,9 @@ class HeadTimeoutH11(H11Protocol):
             self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
 
     def _disarm(self) -> None:
-        if getattr(self, "_head_timer", None) is not None:
-            self._head_timer.cancel()
+        timer = getattr(self, "_head_timer", None)  # None too before connection_made
+        if timer is not None:
+            timer.cancel()
             self._head_timer = None
 
     def _check_head(self) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import uuid
+from enum import Enum
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
@@ -161,7 +162,7 @@ class CohereRoutes:
 def build_router(service: Service, *, model_name: str) -> APIRouter:
     cohere = CohereRoutes(service, model_name=model_name)
     router = APIRouter()
-    tags = ["Cohere/Jina"]
+    tags: list[str | Enum] = ["Cohere/Jina"]
     router.add_api_route("/v1/rerank", cohere.rerank_v1, methods=["POST"], response_model=CohereRerankResponse,
                          tags=tags, openapi_extra=openapi_body(CohereRerankRequest))
     documented = openapi_body(CohereEmbedRequest)

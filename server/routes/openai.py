@@ -22,6 +22,15 @@ from server.service.core import Service
 from server.service.results import Embeddings
 
 
+def as_list(input: str | list[str] | list[int] | list[list[int]]) -> list:
+    """``input``: one text or one pre-tokenized input -> a list of one; lists stay as they are."""
+    if isinstance(input, str):
+        return [input]
+    if input and isinstance(input[0], int):
+        return [input]
+    return input
+
+
 class OpenAIRoutes:
     """The OpenAI handlers of one app, bound to its service and the served model name."""
 
@@ -36,11 +45,7 @@ class OpenAIRoutes:
         call = service.begin("openai_embeddings")
         service.require("embedding", request.url.path)
         body = await parse_body(request, OpenAIEmbeddingRequest, max_items=service.limits.max_client_batch_size)
-        raw = body.input
-        if isinstance(raw, str):
-            raw = [raw]
-        if raw and isinstance(raw[0], int):
-            raw = [raw]  # one pre-tokenized input
+        raw = as_list(body.input)
         service.check_inputs(len(raw), empty=any(len(x) == 0 for x in raw), what="input")
         service.check_dimensions(body.dimensions)
         truncate = service.truncate(None)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Union
+from typing import Union, cast
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
@@ -34,13 +34,20 @@ from server.service.results import ranked
 DISPATCHED = ("/", "/invocations")
 
 
-def embedding_body(data: dict) -> type[EmbedRequest] | type[SimilarityRequest]:
+def embedding_body(data: dict) -> type[EmbedRequest | SimilarityRequest]:
     """POST / on an embedding model: /similarity's body when ``inputs`` is an object, else /embed's."""
     return SimilarityRequest if isinstance(data.get("inputs"), dict) else EmbedRequest
 
 
 def texts_of(inputs: str | list[str]) -> list[str]:
     return [inputs] if isinstance(inputs, str) else inputs
+
+
+def id_lists(ids: list[int] | list[list[int]]) -> list[list[int]]:
+    """/decode's ids: one id list or several -> several."""
+    if ids and not isinstance(ids[0], int):
+        return cast("list[list[int]]", ids)
+    return [cast("list[int]", ids)]
 
 
 class TeiRoutes:
@@ -121,9 +128,12 @@ class TeiRoutes:
             call = self.service.begin("rerank")
             body = await parse_body(request, RerankRequest, max_items=self.max_items)
             return await self.answer_rerank(request, body, call)
-        start, parsed = time.perf_counter(), None
+        start = time.perf_counter()
+        parsed: EmbedRequest | SimilarityRequest | None = None
         try:
-            parsed = await parse_body(request, EmbedRequest, max_items=self.max_items, pick=embedding_body)
+            # NOTE: ``pick`` may choose SimilarityRequest; parse_body's typing knows one model only.
+            parsed = await parse_body(request, EmbedRequest, max_items=self.max_items,
+                                      pick=embedding_body)  # type: ignore[arg-type]
         finally:  # NOTE: counted once the shape is known (a body that does not parse counts as embed)
             call = self.service.begin("similarity" if isinstance(parsed, SimilarityRequest) else "embed", start=start)
         if isinstance(parsed, SimilarityRequest):
@@ -162,8 +172,7 @@ class TeiRoutes:
         """Token ids -> text, one string per id list."""
         self.service.begin("decode")
         body = await parse_body(request, DecodeRequest, max_items=self.max_items)
-        batch = [body.ids] if not body.ids or isinstance(body.ids[0], int) else body.ids
-        texts = await self.service.decode(batch, skip_special_tokens=body.skip_special_tokens)
+        texts = await self.service.decode(id_lists(body.ids), skip_special_tokens=body.skip_special_tokens)
         return JSONResponse(texts)
 
     async def healthy(self) -> Response:
