@@ -28,7 +28,8 @@ from models import prompts
 from server.http.bodies import openapi_body, parse_body
 from server.http.errors import ApiError
 from server.routes.schemas import CohereRerankRequest, CohereRerankResponse
-from server.routes.schemas_compat import CohereEmbedRequest, CohereEmbedResponse, CohereV2RerankRequest, CohereV2RerankResponse
+from server.routes.schemas_compat import (CohereEmbedRequest, CohereEmbedResponse, CohereV2RerankRequest,
+                                          CohereV2RerankResponse)
 from server.service.core import Call, Service
 from server.service.results import Embeddings, Usage, ranked
 

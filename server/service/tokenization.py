@@ -26,7 +26,8 @@ class Tokenization:
     """The tokenizer-facing half of a request, bound to one runner's tokenizer and limits."""
 
     def __init__(
-        self, runner: ServedRunner, *, max_input_length: int, metrics: Metrics, max_display_tokens: int = 16384, workers: int = 2
+        self, runner: ServedRunner, *, max_input_length: int, metrics: Metrics, max_display_tokens: int = 16384,
+        workers: int = 2,
     ) -> None:
         self.tokenizer = runner.tokenizer
         self.max_input_length = max_input_length
