@@ -1,3 +1,4 @@
-"""HTTP serving: the FastAPI app (TEI, OpenAI and Cohere/Jina dialects), admission control,
-tokenization off the event loop, and the ``radixserve`` CLI. Imports scheduler/ and models/,
-never the reverse."""
+"""HTTP serving: the FastAPI app (app.py), the ``radixserve`` CLI (cli.py) and its config
+(config.py) over three packages: routes/ (one module per API dialect), service/ (checks,
+permits, tokenization, the scheduler call, domain results) and http/ (middlewares, bodies,
+errors, the uvicorn listener). Imports scheduler/ and models/, never the reverse."""

@@ -1,35 +1,41 @@
-"""The FastAPI app factory: wires runner, scheduler, admission, routes, errors and metrics.
+"""The FastAPI app factory: wires runner, scheduler, service, routes, middlewares, errors and metrics.
 
 ``create_app(config, runner=None, scheduler=None)``: tests inject a runner and/or a scheduler;
 whatever is not injected is built from ``config`` and owned by the app, which starts the
 scheduler on start-up and stops it on shutdown: drained (``stop(drain=True)``) after uvicorn has
 finished the in-flight HTTP requests, or, after a Lifecycle drain (SIGTERM or a dead worker,
-server/lifecycle.py), stopped within the time left. An injected scheduler is started if it is not
-running yet and left to its owner to stop. ``app.state.lifecycle`` is the app's drain state.
+server/http/lifecycle.py), stopped within the time left. An injected scheduler is started if it is
+not running yet and left to its owner to stop. ``app.state.lifecycle`` is the app's drain state,
+``app.state.service`` its service layer, ``app.state.info`` GET /info's body.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
+from typing import AsyncIterator, Callable
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from scheduler.metrics import Metrics
-from server import routes_cohere, routes_embed, routes_misc, routes_openai, routes_rerank, routes_tei
-from server.admission import Guard, Permits
 from server.config import ServerConfig
-from server.docs import install_docs
-from server.errors import install_handlers
-from server.lifecycle import DrainGuard, Lifecycle
-from server.service import ClientGone, Limits, Service
+from server.http.docs import install_docs
+from server.http.errors import install_handlers
+from server.http.front_door import FrontDoor
+from server.http.lifecycle import DrainGate, Lifecycle
+from server.routes import cohere, openai, ops, tei
+from server.service.contract import ServedRunner, ServedScheduler
+from server.service.core import Limits, Service
+from server.service.info import build_info, startup_line, version
+from server.service.permits import Permits
 
 log = logging.getLogger("radixserve.server")
 
 
-def max_input_length(config: ServerConfig, runner) -> int:
+def max_input_length(config: ServerConfig, runner: ServedRunner) -> int:
     """min(model max positions, --max-input-length, --max-batch-tokens): every item fits a batch."""
     limit = min(int(runner.max_positions), config.max_batch_tokens)
     if config.max_input_length is not None:
@@ -37,7 +43,7 @@ def max_input_length(config: ServerConfig, runner) -> int:
     return limit
 
 
-def load_runner(config: ServerConfig):
+def load_runner(config: ServerConfig) -> ServedRunner:
     import models
 
     return models.load_runner(
@@ -54,14 +60,13 @@ def load_runner(config: ServerConfig):
     )
 
 
-def build_scheduler(config: ServerConfig, runner, metrics: Metrics, *, on_death=None):
-    import dataclasses
-
+def build_scheduler(config: ServerConfig, runner: ServedRunner, metrics: Metrics, *,
+                    on_death: Callable[[BaseException], None] | None = None) -> ServedScheduler:
     from scheduler import Scheduler
     from scheduler.forming import PrefixPolicy
 
     if runner.radix_threshold != config.radix_mlp_threshold:  # an injected runner follows the config
-        runner = dataclasses.replace(runner, radix_threshold=config.radix_mlp_threshold)
+        runner = dataclasses.replace(runner, radix_threshold=config.radix_mlp_threshold)  # type: ignore[type-var]
     return Scheduler(
         runner,
         max_batch_tokens=config.max_batch_tokens,
@@ -75,37 +80,21 @@ def build_scheduler(config: ServerConfig, runner, metrics: Metrics, *, on_death=
     )
 
 
-def startup_line(config: ServerConfig, runner, max_len: int) -> str:
-    return (
-        f"radixserve serving model={config.model_name} ({runner.model_id}) kind={runner.kind} "
-        f"device={runner.device} dtype={str(runner.dtype).replace('torch.', '')} "
-        f"attention_backend={runner.attention_backend} kernels={runner.kernels} "
-        f"linear={getattr(runner, 'linear', 'F.linear')} "
-        f"radix_mlp_threshold={config.radix_mlp_threshold} radix_attention={runner.radix_attention} "
-        f"batching_policy={config.batching_policy} "
-        f"max_input_length={max_len} max_batch_tokens={config.max_batch_tokens} "
-        f"max_concurrent_requests={config.max_concurrent_requests} on {config.hostname}:{config.port}"
-    )
+def tokenization_workers(config: ServerConfig) -> int:
+    """--tokenization-workers, else TEI's CPU cores - 1 (here at least 2: one slow body must not stall all)."""
+    if config.tokenization_workers is not None:
+        return config.tokenization_workers
+    return max(2, min(64, (os.cpu_count() or 2) - 1))
 
 
-def create_app(config: ServerConfig, runner=None, scheduler=None) -> FastAPI:
-    if runner is None:
-        runner = load_runner(config)
-    owned = scheduler is None
-    metrics = getattr(scheduler, "metrics", None) if scheduler is not None else None
-    if metrics is None:
-        metrics = Metrics()
-    lifecycle = Lifecycle(grace_s=config.graceful_shutdown_timeout)
-    metrics.watch_prefix_cache(getattr(runner, "prefix_cache", None))
-    if owned:
-        scheduler = build_scheduler(config, runner, metrics, on_death=lifecycle.worker_died)
-    max_len = max_input_length(config, runner)
-    service = Service(
+def build_service(config: ServerConfig, runner: ServedRunner, scheduler: ServedScheduler,
+                  metrics: Metrics) -> Service:
+    return Service(
         runner=runner,
         scheduler=scheduler,
         metrics=metrics,
         limits=Limits(
-            max_input_length=max_len,
+            max_input_length=max_input_length(config, runner),
             max_client_batch_size=config.max_client_batch_size,
             auto_truncate=config.auto_truncate,
             max_display_tokens=config.max_batch_tokens,
@@ -116,12 +105,17 @@ def create_app(config: ServerConfig, runner=None, scheduler=None) -> FastAPI:
         tokenization_workers=tokenization_workers(config),
     )
 
+
+def lifespan_of(config: ServerConfig, service: Service, lifecycle: Lifecycle, *, owned: bool):
+    """Start the scheduler when the app starts; stop an owned one (drained, or in the time left)."""
+    scheduler = service.scheduler
+
     @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         lifecycle.bind(asyncio.get_running_loop())
         if not scheduler.alive:
             scheduler.start()
-        log.info(startup_line(config, runner, max_len))
+        log.info(startup_line(config, service.runner, service.limits.max_input_length))
         try:
             yield
         finally:
@@ -136,11 +130,41 @@ def create_app(config: ServerConfig, runner=None, scheduler=None) -> FastAPI:
                 await asyncio.get_running_loop().run_in_executor(None, lambda: scheduler.stop(drain=True))
             service.tok.close()
 
+    return lifespan
+
+
+def add_middleware(app: FastAPI, config: ServerConfig, lifecycle: Lifecycle, *,
+                   on_error: Callable[[str], None]) -> None:
+    """Innermost first: the front door, then the drain gate, then CORS (outermost)."""
+    app.add_middleware(
+        FrontDoor, payload_limit=config.payload_limit, api_key=config.api_key, on_error=on_error,
+        body_timeout_s=config.body_read_timeout,
+    )
+    app.add_middleware(DrainGate, lifecycle=lifecycle)  # outside FrontDoor: a drain answers before auth
+    if config.cors_allow_origin:
+        origins = ["*"] if "*" in config.cors_allow_origin else list(config.cors_allow_origin)
+        app.add_middleware(  # outermost: preflights are answered without a key
+            CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
+            allow_headers=["content-type", "authorization"],
+        )
+
+
+def create_app(config: ServerConfig, runner: ServedRunner | None = None,
+               scheduler: ServedScheduler | None = None) -> FastAPI:
+    if runner is None:
+        runner = load_runner(config)
+    metrics = scheduler.metrics if scheduler is not None and scheduler.metrics is not None else Metrics()
+    lifecycle = Lifecycle(grace_s=config.graceful_shutdown_timeout)
+    metrics.watch_prefix_cache(runner.prefix_cache)
+    owned = scheduler is None
+    if scheduler is None:
+        scheduler = build_scheduler(config, runner, metrics, on_death=lifecycle.worker_died)
+    service = build_service(config, runner, scheduler, metrics)
     app = FastAPI(
         title="radixserve",
-        version=routes_misc.version(),
+        version=version(),
         description="Embeddings and reranking for causal-LM models with in-batch prefix deduplication (RadixMLP).",
-        lifespan=lifespan,
+        lifespan=lifespan_of(config, service, lifecycle, owned=owned),
         docs_url=None,  # served offline by install_docs
         redoc_url=None,
     )
@@ -152,36 +176,12 @@ def create_app(config: ServerConfig, runner=None, scheduler=None) -> FastAPI:
         metrics.request_failure.labels(err=kind).inc()
 
     install_handlers(app, on_error=on_error)
-
-    @app.exception_handler(ClientGone)
-    async def _client_gone(request: Request, exc: ClientGone) -> Response:
-        on_error("client_gone")
-        return Response(status_code=499)  # nobody reads it: the connection is closed
-
-    info = app.state.info = routes_misc.build_info(service, config=config, max_input_length=max_len)
-    app.include_router(routes_embed.build_router(service, model_name=config.model_name))
-    app.include_router(routes_rerank.build_router(service, model_name=config.model_name))
-    app.include_router(routes_misc.build_router(service, info=info))
-    app.include_router(routes_tei.build_router(service))
-    app.include_router(routes_cohere.build_router(service))
-    app.include_router(routes_openai.build_router(model_name=config.model_name))
+    info = app.state.info = build_info(config, runner, max_input_length=service.limits.max_input_length,
+                                       tokenization_workers=service.tok.workers)
+    app.include_router(tei.build_router(service))
+    app.include_router(openai.build_router(service, model_name=config.model_name))
+    app.include_router(cohere.build_router(service, model_name=config.model_name))
+    app.include_router(ops.build_router(service, info=info))
     install_docs(app, title="radixserve")
-    app.add_middleware(
-        Guard, payload_limit=config.payload_limit, api_key=config.api_key, on_error=on_error,
-        body_timeout_s=config.body_read_timeout,
-    )
-    app.add_middleware(DrainGuard, lifecycle=lifecycle)  # outside Guard: a drain answers before auth
-    if config.cors_allow_origin:
-        origins = ["*"] if "*" in config.cors_allow_origin else list(config.cors_allow_origin)
-        app.add_middleware(  # outermost: preflights are answered without a key
-            CORSMiddleware, allow_origins=origins, allow_methods=["GET", "POST"],
-            allow_headers=["content-type", "authorization"],
-        )
+    add_middleware(app, config, lifecycle, on_error=on_error)
     return app
-
-
-def tokenization_workers(config: ServerConfig) -> int:
-    """--tokenization-workers, else TEI's CPU cores - 1 (here at least 2: one slow body must not stall all)."""
-    if config.tokenization_workers is not None:
-        return config.tokenization_workers
-    return max(2, min(64, (os.cpu_count() or 2) - 1))

@@ -3,7 +3,7 @@
 The parser is generated from ServerConfig's field metadata (server/config.py): one flag per field
 (``max_batch_tokens`` -> ``--max-batch-tokens``), a flag given on the command line beats its
 environment variable, which beats the default. TEI's flags are fields too, so a TEI launch line
-parses; the ones with no effect here say so at start. Shutdown: see server/lifecycle.py. Exit
+parses; the ones with no effect here say so at start. Shutdown: see server/http/lifecycle.py. Exit
 status: 0 after SIGTERM/SIGINT, 1 when start-up fails, 2 for bad flags, 70 when the model worker died.
 """
 from __future__ import annotations
@@ -91,9 +91,9 @@ def export_hub_settings(config: ServerConfig, environ=None) -> None:
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    from server import faults, serving, tracing
     from server.app import create_app, load_runner
-    from server.logs import setup_logging
+    from server.http import listener, tracing
+    from server.http.logs import setup_logging
 
     config, notes = load_config(argv)
     setup_logging(json_output=config.json_output)
@@ -102,11 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     export_hub_settings(config)
     log.info("loading %s", config.model_id)
     try:
-        runner = faults.inject_faults(load_runner(config))
+        runner = load_runner(config)
         app = create_app(config, runner=runner)
-        sockets = serving.bind_sockets(hostname=config.hostname, port=config.port, uds_path=config.uds_path)
+        sockets = listener.bind_sockets(hostname=config.hostname, port=config.port, uds_path=config.uds_path)
         if config.prometheus_port is not None:
-            serving.start_prometheus(config.prometheus_port, hostname=config.hostname,
+            listener.start_prometheus(config.prometheus_port, hostname=config.hostname,
                                      registry=app.state.service.metrics.registry)
     except Exception as exc:  # noqa: BLE001 - report and exit non-zero, no traceback spam
         log.error("could not start: %s: %s", type(exc).__name__, exc)
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     served = tracing.instrument(app, endpoint=config.otlp_endpoint, service_name=config.otlp_service_name)
     uv_config = uvicorn.Config(
         served,
-        http=serving.protocol_class(config.header_read_timeout),
+        http=listener.protocol_class(config.header_read_timeout),
         log_config=None,  # keep our handlers (JSON or text)
         # NOTE: the Lifecycle drains first; uvicorn then only closes the (answered) connections.
         timeout_graceful_shutdown=max(0.1, lifecycle.margin_s / 4),
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     where = f"http://{config.hostname}:{config.port}" + (f" and unix:{config.uds_path}" if config.uds_path else "")
     log.info("listening on %s", where)
     try:
-        serving.Server(uv_config, lifecycle).run(sockets=sockets)
+        listener.DrainingServer(uv_config, lifecycle).run(sockets=sockets)
     finally:
         for sock in sockets:
             sock.close()

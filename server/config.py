@@ -19,7 +19,7 @@ import os
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Mapping
+from typing import Any, Mapping
 
 DEFAULT_MODEL_ID = "Qwen/Qwen3-Embedding-0.6B"
 
@@ -181,7 +181,7 @@ def is_secret(name: str) -> bool:
     return next(f for f in fields(ServerConfig) if f.name == name).metadata["secret"]
 
 
-def convert(name: str, text: str | list[str]):
+def convert(name: str, text: str | list[str]) -> Any:
     """A flag's or variable's text -> the field's value.
 
     "none"/"" clear optional fields, except secrets: a secret keeps its text as given so that
@@ -192,6 +192,7 @@ def convert(name: str, text: str | list[str]):
         parts = [p.strip() for t in ([text] if isinstance(text, str) else text) for p in t.split(",")]
         parts = [p for p in parts if p]
         return tuple(parts) or None
+    assert isinstance(text, str), f"{name} takes one value"
     if kind is bool:
         return parse_bool(text)
     if is_secret(name):
@@ -206,10 +207,10 @@ def _optional(name: str) -> bool:
     return f.default is None or f.default is MISSING
 
 
-def env_values(environ: Mapping[str, str] | None = None) -> tuple[dict[str, object], list[str]]:
+def env_values(environ: Mapping[str, str] | None = None) -> tuple[dict[str, Any], list[str]]:
     """The fields set through the environment (the one place that reads it), and warnings."""
     env = os.environ if environ is None else environ
-    out: dict[str, object] = {}
+    out: dict[str, Any] = {}
     notes: list[str] = []
     for f in fields(ServerConfig):
         key = env_var(f.name)
@@ -226,10 +227,6 @@ def env_values(environ: Mapping[str, str] | None = None) -> tuple[dict[str, obje
         except ValueError as exc:
             raise ValueError(f"environment variable {key}: {exc}") from exc
     return out, notes
-
-
-def env_defaults(environ: Mapping[str, str] | None = None) -> dict[str, object]:
-    return env_values(environ)[0]
 
 
 def _is_address(text: str) -> bool:

@@ -40,7 +40,7 @@ def main() -> None:
     import httpx
 
     from models import fixtures
-    from server.testing import ServerThread, serve
+    from tests.serving import ServerThread, serve
 
     def server(preset: str) -> ServerThread:
         model_dir = str(fixtures.cached(preset))

@@ -12,7 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
-from server.testing import ServerThread, serve
+from tests.serving import ServerThread, serve
 
 TEXTS = [
     "what is the capital of france",

@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.testing import serve
+from tests.serving import serve
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 

@@ -174,7 +174,7 @@ def _have_server() -> bool:
 
 
 def _serve(model_dir: str):
-    from server.testing import serve
+    from tests.serving import serve
 
     return serve(model_dir, radix_mlp_threshold=1.0)
 
@@ -185,7 +185,7 @@ def test_prefix_workloads_against_radixserve(tiny_embedding_dir, tiny_reranker_d
     """Each workload runs clean on the real server, and the server counts exactly the tokens of
     the measured requests (computed here with models.prompts from the request texts)."""
     from models import prompts
-    from server.testing import cached_runner
+    from tests.serving import cached_runner
 
     ds = datasets.synthetic(12, seed=0)
     cfg = client.RunConfig(url="", concurrency=2, requests=6, warmup=1, progress=False)

@@ -11,7 +11,7 @@ import pytest
 from loadtest import cli, soak
 from server.app import create_app
 from server.config import ServerConfig
-from server.testing import ServerThread, cached_runner
+from tests.serving import ServerThread, cached_runner
 
 
 def test_soak_runs_a_bounded_mix_and_reports(tiny_embedding_dir, tmp_path):

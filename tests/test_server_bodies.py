@@ -9,11 +9,11 @@ import httpx
 import pytest
 
 from server.app import create_app
-from server.bodies import count_containers, parse_bytes
+from server.http.bodies import count_containers, parse_bytes
 from server.config import ServerConfig
-from server.errors import ApiError
-from server.schemas import CohereRerankRequest, EmbedRequest, OpenAIEmbeddingRequest, TokenizeRequest
-from server.testing import ServerThread, cached_runner
+from server.http.errors import ApiError
+from server.routes.schemas import CohereRerankRequest, EmbedRequest, OpenAIEmbeddingRequest, TokenizeRequest
+from tests.serving import ServerThread, cached_runner
 from tests.limits import measure
 
 

@@ -12,7 +12,7 @@ import pytest
 from server import cli as server_cli
 from server.cli import export_hub_settings, load_config, parse_config
 from server.config import DEFAULT_MODEL_ID, ServerConfig
-from server.logs import JsonFormatter
+from server.http.logs import JsonFormatter
 
 
 
@@ -183,7 +183,7 @@ def test_export_hub_settings():
 
 
 def test_otlp_without_its_packages_starts_and_says_so(monkeypatch, caplog):
-    from server import tracing
+    from server.http import tracing
 
     monkeypatch.setitem(sys.modules, "opentelemetry.sdk.trace", None)  # import fails as if not installed
     app = object()
@@ -191,12 +191,3 @@ def test_otlp_without_its_packages_starts_and_says_so(monkeypatch, caplog):
         assert tracing.instrument(app, endpoint="http://otel:4317", service_name="s") is app
     assert "tracing is off" in caplog.text and "radixserve[otlp]" in caplog.text
     assert tracing.instrument(app, endpoint=None, service_name="s") is app
-
-
-def test_fault_injection_is_off_by_default_and_strict():
-    from server import faults
-
-    runner = object()
-    assert faults.inject_faults(runner, environ={}) is runner
-    with pytest.raises(ValueError, match="unknown directive"):
-        faults.inject_faults(runner, environ={faults.ENV: "explode=1"})

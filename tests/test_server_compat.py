@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from server.testing import cached_runner, serve
+from tests.serving import cached_runner, serve
 
 TEXTS = [
     "what is the capital of france",

@@ -16,7 +16,7 @@ from tokenizers import Tokenizer
 
 from server.app import create_app
 from server.config import ServerConfig
-from server.testing import ServerThread, cached_runner
+from tests.serving import ServerThread, cached_runner
 
 TEXTS = [
     "what is the capital of france",

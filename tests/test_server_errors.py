@@ -10,7 +10,7 @@ import pytest
 
 from server.app import create_app
 from server.config import ServerConfig
-from server.testing import ServerThread, cached_runner
+from tests.serving import ServerThread, cached_runner
 
 LONG = "word " * 200  # ~200 tokens
 
@@ -184,12 +184,16 @@ def test_model_failure_is_generic_500_with_request_id(tiny_embedding_dir, caplog
 
 
 class _DeadScheduler:
-    """A scheduler whose worker died with an exception between the alive check and submit."""
+    """A scheduler whose worker died with an exception between the alive check and submit
+    (server.service.contract.ServedScheduler's fields; no metrics: the app makes its own)."""
 
     alive = True
     queue_size = 0
+    metrics = None
 
     def start(self) -> None: ...
+
+    def stop(self, drain: bool = True, timeout: float = 30.0) -> None: ...
 
     async def submit(self, items, **kw):
         from scheduler import WorkerDead

@@ -1,4 +1,4 @@
-"""The front door (server.admission.Guard) over real HTTP: request ids, the API key, content
+"""The front door (server.http.front_door.FrontDoor) over real HTTP: request ids, the API key, content
 types, the payload limit and the body read deadline, on a bare app and on the full server."""
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import httpx
 import pytest
 from fastapi import FastAPI, Request
 
-from server.admission import Guard, bearer_matches, json_content_type
+from server.http.front_door import FrontDoor, bearer_matches, json_content_type
 from server.app import create_app
 from server.config import ServerConfig
-from server.errors import install_handlers
-from server.testing import ServerThread, cached_runner
+from server.http.errors import install_handlers
+from tests.serving import ServerThread, cached_runner
 
 KEY = "sëcret-ключ"  # non-ASCII: sent as UTF-8 bytes
 
@@ -39,7 +39,7 @@ def bare_app(**guard) -> FastAPI:
     async def boom() -> dict:
         raise RuntimeError("secret internal detail")
 
-    app.add_middleware(Guard, **{"payload_limit": 1000, "api_key": None, **guard})
+    app.add_middleware(FrontDoor, **{"payload_limit": 1000, "api_key": None, **guard})
     return app
 
 

@@ -1,7 +1,7 @@
-"""Real `python -m server.cli` processes: SIGTERM drains in-flight work and answers the rest with a
+"""Real radixserve processes (`python -m server.cli`, or tests/fault_server.py's wrapper of it): SIGTERM drains in-flight work and answers the rest with a
 JSON 503 within --graceful-shutdown-timeout; a dead model worker makes the process exit non-zero;
 slow request heads and bodies are cut off while keep-alive still works; the unix socket, the
-Prometheus listener and CORS of TEI's flags. Faults come from the test-only RADIXSERVE_TEST_FAULT."""
+Prometheus listener and CORS of TEI's flags. Faults come from tests/fault_server.py (RADIXSERVE_TEST_FAULT)."""
 from __future__ import annotations
 
 import json
@@ -15,9 +15,11 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
-from server.lifecycle import EXIT_WORKER_DEAD
-from server.testing import free_port
+from server.http.lifecycle import EXIT_WORKER_DEAD
+from tests import fault_server
+from tests.serving import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +33,8 @@ class Proc:
         env = dict(os.environ, PYTHONPATH=str(ROOT), RADIXSERVE_TEST_FAULT=fault, **(env or {}))
         for key in ("API_KEY", "HOSTNAME", "PORT"):
             env.pop(key, None)
-        cmd = [sys.executable, "-m", "server.cli", "--model-id", str(model_dir), "--hostname", "127.0.0.1",
+        entry = "tests.fault_server" if fault else "server.cli"
+        cmd = [sys.executable, "-m", entry, "--model-id", str(model_dir), "--hostname", "127.0.0.1",
                "-p", str(self.port), "--max-batch-tokens", "512", *flags]
         self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 90
@@ -194,3 +197,10 @@ def test_read_timeouts_keep_alive_and_tei_listeners(tiny_embedding_dir, tmp_path
             srv.proc.kill()
     assert code == 0, out
     assert not os.path.exists(uds)
+
+
+def test_fault_injection_is_off_by_default_and_strict():
+    runner = object()
+    assert fault_server.inject_faults(runner, environ={}) is runner
+    with pytest.raises(ValueError, match="unknown directive"):
+        fault_server.inject_faults(runner, environ={fault_server.ENV: "explode=1"})

@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from server.app import create_app
 from server.config import ServerConfig
-from server.testing import ServerThread, cached_runner
+from tests.serving import ServerThread, cached_runner
 
 
 def slow(runner, delay: float):

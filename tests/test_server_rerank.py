@@ -17,7 +17,7 @@ import torch
 from models import prompts
 from server.app import create_app
 from server.config import ServerConfig
-from server.testing import ServerThread, cached_runner
+from tests.serving import ServerThread, cached_runner
 from tests.limits import measure
 
 QUERY = "what is the capital of france"

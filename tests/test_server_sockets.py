@@ -9,8 +9,8 @@ import time
 import httpx
 import uvicorn
 
-from server import serving
-from server.testing import free_port
+from server.http import listener
+from tests.serving import free_port
 
 
 async def _app(scope, receive, send):
@@ -26,11 +26,11 @@ def _server_sockets(server: uvicorn.Server) -> list[socket.socket]:
 
 def test_accepted_tcp_connections_have_nagle_off():
     port = free_port()
-    sockets = serving.bind_sockets(hostname="127.0.0.1", port=port, uds_path=None)
+    sockets = listener.bind_sockets(hostname="127.0.0.1", port=port, uds_path=None)
     # The cause: connections accepted from these listeners are not IPPROTO_TCP sockets to asyncio,
     # so nothing else turns Nagle off on them.
     assert sockets[0].proto != socket.IPPROTO_TCP
-    config = uvicorn.Config(_app, http=serving.protocol_class(10.0), log_config=None, lifespan="off")
+    config = uvicorn.Config(_app, http=listener.protocol_class(10.0), log_config=None, lifespan="off")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, daemon=True)
     thread.start()
@@ -62,5 +62,5 @@ def test_no_delay_leaves_unix_sockets_alone(tmp_path):
 
     left, right = socket.socketpair(socket.AF_UNIX)
     with left, right:
-        serving.no_delay(Transport(left))  # no TCP option on a unix socket: nothing raised
-    serving.no_delay(Transport(None))
+        listener.no_delay(Transport(left))  # no TCP option on a unix socket: nothing raised
+    listener.no_delay(Transport(None))

@@ -1,6 +1,6 @@
 """Request bodies parsed off the event loop, with cheap pre-checks before any per-item object.
 
-``parse_body(request, Model, max_items=N)`` reads the raw body (Guard has already bounded its
+``parse_body(request, Model, max_items=N)`` reads the raw body (FrontDoor has already bounded its
 size and read time) and returns a validated ``Model``. The work is ordered by cost, so a hostile
 body is refused before it can allocate much:
 1. bytes: UTF-8 (a UTF-16/32 body is named as such), then the number of JSON arrays and objects
@@ -24,7 +24,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
-from server.errors import ApiError, describe_errors
+from server.http.errors import ApiError, describe_errors
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -98,7 +98,8 @@ def parse_bytes(raw: bytes, model: type[M], *, max_items: int, pick: Callable[[d
     if pick is not None:
         model = pick(data)
         what = getattr(model, "inputs_name", "inputs")
-    n = model.count_inputs(data) if hasattr(model, "count_inputs") else 0
+    count_inputs = getattr(model, "count_inputs", None)  # the input-carrying bodies define it
+    n = count_inputs(data) if count_inputs is not None else 0
     if n > max_items:
         raise too_many(n, max_items, what)
     try:

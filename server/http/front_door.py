@@ -1,14 +1,14 @@
-"""Admission control: the front door (``Guard``) and the per-item permits (``Permits``).
+"""The front door: ``FrontDoor``, the ASGI middleware every HTTP request passes first.
 
-``Guard`` is a raw ASGI middleware that runs before any route code. In order, for each HTTP
+``FrontDoor`` is a raw ASGI middleware that runs before any route code. In order, for each HTTP
 request it: assigns the request id (``x-request-id`` on every response); requires the API key on
 every request that can do work (any method but GET/HEAD/OPTIONS, so routes added later are
 covered by default; the GET routes only describe the server: /info, /health, /ping, /metrics,
 /docs, /openapi.json, /v1/models); refuses a non-JSON Content-Type (415); and reads the body,
 refusing one over the payload limit (413, judged from Content-Length and again while reading, so
 a chunked body cannot slip past) or one that does not arrive within ``body_timeout_s`` of the
-headers (408). ``Permits`` hands out one permit per input item and never waits: when too few are
-left the request is refused at once (429), so nothing queues behind an overloaded server.
+headers (408).
+Per-item admission (429) is the service layer's (server/service/permits.py).
 """
 from __future__ import annotations
 
@@ -16,29 +16,11 @@ import asyncio
 import hashlib
 import hmac
 
-from server import request_id
-from server.errors import send_error
+from server.http import request_id
+from server.http.errors import send_error
 
 OPEN_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # OPTIONS: CORS preflights carry no credentials
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-
-
-class Permits:
-    """Non-blocking counting permits (event-loop confined: no lock needed)."""
-
-    def __init__(self, total: int) -> None:
-        self.total = total
-        self.in_use = 0
-
-    def try_acquire(self, n: int) -> bool:
-        if self.in_use + n > self.total:
-            return False
-        self.in_use += n
-        return True
-
-    def release(self, n: int) -> None:
-        self.in_use -= n
-        assert self.in_use >= 0, "released more permits than acquired"
 
 
 def bearer_matches(header: bytes | None, key_digest: bytes) -> bool:
@@ -77,7 +59,7 @@ def json_content_type(value: bytes | None) -> str | None:
     return None
 
 
-class Guard:
+class FrontDoor:
     """ASGI middleware: request id, API key (401), Content-Type (415), payload limit (413) and
     body read timeout (408), each error in its route's dialect."""
 
@@ -103,9 +85,9 @@ class Guard:
                 message = {**message, "headers": [*headers, (b"x-request-id", rid)]}
             await send(message)
 
-        await self._guarded(scope, receive, send_with_id)
+        await self._check(scope, receive, send_with_id)
 
-    async def _guarded(self, scope, receive, send) -> None:
+    async def _check(self, scope, receive, send) -> None:
         path = scope.get("path", "")
         method = scope.get("method", "GET")
         headers = {k.lower(): v for k, v in scope.get("headers", [])}

@@ -18,8 +18,9 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass
+from typing import Callable
 
-from server.errors import error_bytes
+from server.http.errors import error_bytes
 
 log = logging.getLogger("radixserve.server")
 
@@ -38,7 +39,7 @@ class _Call:
 
 
 class Lifecycle:
-    """The drain state machine of one app; ``DrainGuard`` tracks and answers its requests."""
+    """The drain state machine of one app; ``DrainGate`` tracks and answers its requests."""
 
     def __init__(self, *, grace_s: float) -> None:
         self.grace_s = grace_s
@@ -48,7 +49,7 @@ class Lifecycle:
         self.reason = ""
         self.exit_code = 0
         self.deadline: float | None = None  # time.monotonic() by which the process must be gone
-        self.on_stop = None  # set by the CLI: tells the HTTP server to shut down
+        self.on_stop: Callable[[], None] | None = None  # set by the CLI: tells the HTTP server to shut down
         self._loop: asyncio.AbstractEventLoop | None = None
         self._inflight: dict[asyncio.Task, _Call] = {}
         self._task: asyncio.Task | None = None
@@ -99,7 +100,7 @@ class Lifecycle:
             self.on_stop()
 
 
-class DrainGuard:
+class DrainGate:
     """ASGI middleware: 503 for new requests while draining; tracks in-flight ones for the drain."""
 
     def __init__(self, app, *, lifecycle: Lifecycle) -> None:
@@ -117,6 +118,7 @@ class DrainGuard:
             return
         call = _Call()
         task = asyncio.current_task()
+        assert task is not None, "ASGI calls run in a task"
 
         async def tracked_send(message) -> None:
             if message["type"] == "http.response.start":

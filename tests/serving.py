@@ -1,6 +1,6 @@
-"""Run an app under a real uvicorn server on a free loopback port, in a background thread.
+"""Tests' server helper: an app under a real uvicorn server on a free loopback port, in a thread.
 
-For tests and demos that need real HTTP (the OpenAI SDK, concurrent httpx clients, client
+For tests that need real HTTP (the OpenAI SDK, concurrent httpx clients, client
 disconnects). The invariant: ``stop()`` goes through uvicorn's graceful shutdown, so the app's
 lifespan shutdown (scheduler drain) runs exactly as it does under the CLI.
 """

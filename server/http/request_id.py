@@ -34,5 +34,5 @@ def assign(scope) -> str:
 
 
 def request_id(request) -> str:
-    """The id of a Starlette request ("-" outside a Guard-wrapped app, e.g. a bare test app)."""
+    """The id of a Starlette request ("-" outside a FrontDoor-wrapped app, e.g. a bare test app)."""
     return request.scope.get("state", {}).get("request_id", "-")

@@ -15,7 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence, TypeVar
 
 from models import prompts
-from server.errors import ApiError
+from scheduler.metrics import Metrics
+from server.http.errors import ApiError
+from server.service.contract import ServedRunner
 
 T = TypeVar("T")
 
@@ -24,7 +26,8 @@ class Tokenization:
     """The tokenizer-facing half of a request, bound to one runner's tokenizer and limits."""
 
     def __init__(
-        self, runner, *, max_input_length: int, metrics, max_display_tokens: int = 16384, workers: int = 2
+        self, runner: ServedRunner, *, max_input_length: int, metrics: Metrics, max_display_tokens: int = 16384,
+        workers: int = 2,
     ) -> None:
         self.tokenizer = runner.tokenizer
         self.max_input_length = max_input_length
@@ -66,9 +69,10 @@ class Tokenization:
     async def rerank_inputs(
         self, query: str, documents: Sequence[str], *, instruction: str, truncate: bool, direction: str
     ) -> list[list[int]]:
-        assert self.rerank is not None, "rerank inputs need a reranker"
+        template = self.rerank
+        assert template is not None, "rerank inputs need a reranker"
         return await self._off_loop(
-            lambda: self.rerank.encode(
+            lambda: template.encode(
                 query, documents, instruction=instruction, max_length=self.max_input_length,
                 truncate=truncate, direction=direction,
             )
@@ -95,7 +99,7 @@ class Tokenization:
         422 when the request's inputs hold more than ``max_display_tokens`` tokens together.
         """
 
-        def run() -> bytes:
+        def render() -> bytes:
             full = [prompt + t for t in texts]
             encs = self.tokenizer.encode_batch(full, add_special_tokens=add_special_tokens)
             total = sum(len(e.ids) for e in encs)
@@ -114,7 +118,7 @@ class Tokenization:
                 out.append(tokens)
             return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
-        return await self._off_loop(run)
+        return await self._off_loop(render)
 
 
 class TooManyTokens(ValueError):

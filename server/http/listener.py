@@ -6,7 +6,7 @@
   This protocol closes a connection whose request head is not complete ``header_timeout_s`` after
   the connection opened or after the previous response on it finished. The timer stops when the
   head is complete (uvicorn then creates a new request cycle); keep-alive is unaffected.
-- ``Server``: the first SIGTERM/SIGINT starts the Lifecycle drain instead of uvicorn's own
+- ``DrainingServer``: the first SIGTERM/SIGINT starts the Lifecycle drain instead of uvicorn's own
   shutdown, a second one forces the exit, and the signal is not re-raised afterwards (the process
   exits with the Lifecycle's status).
 - ``bind_sockets``: TCP on --hostname/--port, plus --uds-path when given.
@@ -25,7 +25,7 @@ import threading
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from server.lifecycle import Lifecycle
+from server.http.lifecycle import Lifecycle
 
 log = logging.getLogger("radixserve.server")
 
@@ -35,10 +35,10 @@ class HeadTimeoutH11(H11Protocol):
 
     header_timeout_s: float = 10.0
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport) -> None:
         no_delay(transport)
         super().connection_made(transport)
-        self._head_timer = None
+        self._head_timer: asyncio.TimerHandle | None = None
         self._arm()
 
     def data_received(self, data: bytes) -> None:
@@ -61,8 +61,9 @@ class HeadTimeoutH11(H11Protocol):
             self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
 
     def _disarm(self) -> None:
-        if getattr(self, "_head_timer", None) is not None:
-            self._head_timer.cancel()
+        timer = getattr(self, "_head_timer", None)  # None too before connection_made
+        if timer is not None:
+            timer.cancel()
             self._head_timer = None
 
     def _check_head(self) -> None:
@@ -97,7 +98,7 @@ def protocol_class(header_timeout_s: float) -> type[HeadTimeoutH11]:
     return type("HeadTimeoutH11", (HeadTimeoutH11,), {"header_timeout_s": header_timeout_s})
 
 
-class Server(uvicorn.Server):
+class DrainingServer(uvicorn.Server):
     """uvicorn.Server whose signals drive ``lifecycle`` (drain, then stop)."""
 
     def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle) -> None:

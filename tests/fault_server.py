@@ -1,17 +1,19 @@
-"""Test-only fault injection for real-process tests, off unless RADIXSERVE_TEST_FAULT is set.
+"""``python -m tests.fault_server RADIXSERVE_FLAGS...``: the radixserve CLI with faults in its runner.
 
-RADIXSERVE_TEST_FAULT is read here and nowhere else, and only by the ``radixserve`` entry point.
-Comma-separated directives:
+The real-process tests (tests/test_server_lifecycle.py) start the server through this module to
+give it long or fatal forwards; the product has no fault hooks. RADIXSERVE_TEST_FAULT holds
+comma-separated directives:
 - ``slow_forward=S``: every forward sleeps S seconds first (long in-flight work for drain tests);
 - ``die_on_forward=N``: the N-th forward raises ``InjectedDeath``, a BaseException, in the model
   worker thread: the scheduler dies for good, as on a fatal CUDA error.
-Never set it in production; the server logs a warning when it is set.
+The runner the CLI loads (``server.app.load_runner``) is wrapped before the app is built.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import os
+import sys
 import threading
 import time
 
@@ -40,7 +42,7 @@ def inject_faults(runner, environ=None):
     calls = 0
     lock = threading.Lock()
 
-    def run(batch):
+    def faulty_run(batch):
         nonlocal calls
         with lock:
             calls += 1
@@ -51,5 +53,17 @@ def inject_faults(runner, environ=None):
         return inner(batch)
 
     copy = dataclasses.replace(runner)
-    copy.run = run
+    copy.run = faulty_run
     return copy
+
+
+def main(argv: list[str] | None = None) -> int:
+    from server import app, cli
+
+    load = app.load_runner
+    app.load_runner = lambda config: inject_faults(load(config))
+    return cli.main(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -28,7 +28,7 @@ def install_docs(app: FastAPI, *, title: str) -> None:
     @app.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:
         return get_swagger_ui_html(
-            openapi_url=app.openapi_url,
+            openapi_url=app.openapi_url or "/openapi.json",
             title=f"{title} - API",
             swagger_js_url=f"{STATIC}/swagger-ui-bundle.js",
             swagger_css_url=f"{STATIC}/swagger-ui.css",

@@ -13,7 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, Discriminator, Field, StrictBool, StrictInt, StrictStr, Tag
 
-from server.schemas import Direction, Info, TokenIds, _Body
+from server.routes.schemas import Direction, Info, TokenIds, _Body
 
 
 # -- TEI ---------------------------------------------------------------------------------------

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from server.request_id import request_id
+from server.http.request_id import request_id
 
 log = logging.getLogger("radixserve.server")
 
@@ -114,7 +115,7 @@ def internal_message(rid: str) -> str:
     return f"internal error; request id {rid}"
 
 
-def describe_errors(errors: list[dict], *, prefix: str = "") -> str:
+def describe_errors(errors: Sequence[Mapping[str, Any]], *, prefix: str = "") -> str:
     """A one-line summary of pydantic's errors: ``body.dimensions: Input should be ...``."""
     parts = []
     for err in errors[:5]:
@@ -126,6 +127,10 @@ def describe_errors(errors: list[dict], *, prefix: str = "") -> str:
     if len(errors) > 5:
         parts.append(f"... {len(errors) - 5} more")
     return "; ".join(parts) or "invalid request"
+
+
+class ClientGone(Exception):
+    """The client disconnected before its result was ready (answered 499, which nobody reads)."""
 
 
 def describe_validation(exc: RequestValidationError) -> str:
@@ -143,6 +148,11 @@ def install_handlers(app: FastAPI, *, on_error=None) -> None:
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         note(exc.kind)
         return error_response(exc.kind, exc.message, path=request.url.path)
+
+    @app.exception_handler(ClientGone)
+    async def _client_gone(request: Request, exc: ClientGone) -> Response:
+        note("client_gone")
+        return Response(status_code=499)  # nobody reads it: the connection is closed
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -166,7 +176,7 @@ def install_handlers(app: FastAPI, *, on_error=None) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # NOTE: Starlette runs this handler outside every middleware, so Guard cannot add the
+        # NOTE: Starlette runs this handler outside every middleware, so FrontDoor cannot add the
         # x-request-id header here; the response sets it itself.
         rid = request_id(request)
         log.exception("unhandled error on %s (request id %s)", request.url.path, rid)

@@ -1,0 +1,41 @@
+"""Operations routes: GET /info, GET /health and GET /metrics.
+
+/info answers the dict built once at start-up (server/service/info.py). /health answers 200 only
+while the scheduler's model worker is alive, so a load balancer takes a server with a dead worker
+out of rotation. /metrics renders the app's own registry (one per app).
+"""
+from __future__ import annotations
+
+from fastapi import APIRouter, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from server.routes.schemas_compat import InfoCompat
+from server.service.core import Service
+
+
+class OpsRoutes:
+    """The operations handlers of one app."""
+
+    def __init__(self, service: Service, *, info: dict) -> None:
+        self.service = service
+        self.info = info
+
+    async def get_info(self) -> dict:
+        return self.info
+
+    async def health(self) -> Response:
+        self.service.check_alive()
+        return Response(status_code=200)
+
+    async def metrics(self) -> Response:
+        self.service.metrics.queue_size.set(self.service.scheduler.queue_size)
+        return Response(generate_latest(self.service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+
+def build_router(service: Service, *, info: dict) -> APIRouter:
+    ops = OpsRoutes(service, info=info)
+    router = APIRouter()
+    router.add_api_route("/info", ops.get_info, methods=["GET"], response_model=InfoCompat, tags=["Info"])
+    router.add_api_route("/health", ops.health, methods=["GET"], tags=["Info"])
+    router.add_api_route("/metrics", ops.metrics, methods=["GET"], tags=["Info"])
+    return router

@@ -1,0 +1,215 @@
+"""TEI's dialect: POST /embed, /rerank, /similarity, /embed_all, /tokenize, /decode, POST / and
+/invocations (dispatch), GET / and /ping (health).
+
+/embed: inputs str or [str] -> [[float]], normalized unless normalize=false, Matryoshka
+``dimensions`` cut first. /rerank: query + texts -> [{index, score, text?}] by score, descending
+(sigmoid of the raw score unless raw_scores); an empty document is scored like any other (its
+templated input is not empty), an empty query or list is 400. POST / and POST /invocations
+(SageMaker's name) answer as the route that serves the body would: /rerank for a reranker; for an
+embedding model /similarity when ``inputs`` is a JSON object ({source_sentence, sentences}), else
+/embed. The body is parsed once (server/http/bodies.py, with a ``pick`` on the parsed JSON) and
+handed to that route's own code, so answers, errors, metrics and headers are exactly the
+target's. /embed_all answers each token's final hidden state (after the final norm), read from the
+compact rows through the radix index's scatter: no uncompacted forward is ever run for it; a
+request may hold at most as many tokens as one /tokenize answer (max_batch_tokens).
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Union, cast
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+
+from models import prompts
+from server.http.bodies import openapi_body, parse_body
+from server.http.errors import ApiError
+from server.routes.schemas import EmbedRequest, Rank, RerankRequest, SimpleToken, TokenizeRequest
+from server.routes.schemas_compat import DecodeRequest, EmbedAllRequest, SimilarityRequest
+from server.service.core import Call, Service
+from server.service.results import ranked
+
+DISPATCHED = ("/", "/invocations")
+
+
+def embedding_body(data: dict) -> type[EmbedRequest | SimilarityRequest]:
+    """POST / on an embedding model: /similarity's body when ``inputs`` is an object, else /embed's."""
+    return SimilarityRequest if isinstance(data.get("inputs"), dict) else EmbedRequest
+
+
+def texts_of(inputs: str | list[str]) -> list[str]:
+    return [inputs] if isinstance(inputs, str) else inputs
+
+
+def id_lists(ids: list[int] | list[list[int]]) -> list[list[int]]:
+    """/decode's ids: one id list or several -> several."""
+    if ids and not isinstance(ids[0], int):
+        return cast("list[list[int]]", ids)
+    return [cast("list[int]", ids)]
+
+
+class TeiRoutes:
+    """The TEI handlers of one app, bound to its service."""
+
+    def __init__(self, service: Service) -> None:
+        self.service = service
+        self.max_items = service.limits.max_client_batch_size
+
+    # -- answers shared by a route and the dispatch ----------------------------------------------
+    async def answer_embed(self, request: Request, body: EmbedRequest, call: Call) -> JSONResponse:
+        service = self.service
+        texts = texts_of(body.inputs)
+        service.check_inputs(len(texts), empty=any(t == "" for t in texts))
+        service.check_dimensions(body.dimensions)
+        prompt = service.resolve_prompt(body.prompt_name)
+        result = await service.embed(
+            request, call, texts, prompt=prompt, truncate=service.truncate(body.truncate),
+            direction=body.truncation_direction, dimensions=body.dimensions, normalize=body.normalize,
+        )
+        return JSONResponse(result.vectors.tolist(), headers=result.usage.headers())
+
+    async def answer_rerank(self, request: Request, body: RerankRequest, call: Call) -> JSONResponse:
+        service = self.service
+        service.check_inputs(len(body.texts), empty=body.query == "", what="texts")
+        result = await service.rerank(
+            request, call, body.query, body.texts, truncate=service.truncate(body.truncate),
+            direction=body.truncation_direction,
+            instruction=body.instruction if body.instruction is not None else prompts.DEFAULT_INSTRUCTION,
+        )
+        scores = result.raw if body.raw_scores else result.relevance()
+        out = []
+        for i in ranked(scores):
+            item: dict = {"index": i, "score": scores[i]}
+            if body.return_text:
+                item["text"] = body.texts[i]
+            out.append(item)
+        return JSONResponse(out, headers=result.usage.headers())
+
+    async def answer_similarity(self, request: Request, body: SimilarityRequest, call: Call) -> JSONResponse:
+        service = self.service
+        params = body.parameters
+        texts = [body.inputs.source_sentence, *body.inputs.sentences]
+        if not body.inputs.sentences:
+            raise ApiError("empty", "inputs.sentences must not be empty")
+        service.check_inputs(len(texts), empty=any(t == "" for t in texts))
+        prompt = service.resolve_prompt(params.prompt_name if params else None)
+        result = await service.similarity(
+            request, call, texts, prompt=prompt, truncate=service.truncate(params.truncate if params else None),
+            direction=params.truncation_direction if params else "right",
+        )
+        return JSONResponse(result.values, headers=result.usage.headers())
+
+    # -- routes ---------------------------------------------------------------------------------
+    async def embed(self, request: Request) -> JSONResponse:
+        """TEI embeddings: inputs str or [str] -> [[float]]."""
+        call = self.service.begin("embed")
+        self.service.require("embedding", "/embed")
+        body = await parse_body(request, EmbedRequest, max_items=self.max_items)
+        return await self.answer_embed(request, body, call)
+
+    async def rerank(self, request: Request) -> JSONResponse:
+        """TEI rerank: query + texts -> [{index, score, text?}] by score, descending."""
+        call = self.service.begin("rerank")
+        self.service.require("reranker", "/rerank")
+        body = await parse_body(request, RerankRequest, max_items=self.max_items)
+        return await self.answer_rerank(request, body, call)
+
+    async def similarity(self, request: Request) -> JSONResponse:
+        """Cosine similarity of source_sentence with each of sentences, from our embeddings."""
+        call = self.service.begin("similarity")
+        self.service.require("embedding", "/similarity")
+        body = await parse_body(request, SimilarityRequest, max_items=self.max_items)
+        return await self.answer_similarity(request, body, call)
+
+    async def dispatch(self, request: Request) -> Response:
+        if self.service.runner.kind == "reranker":
+            call = self.service.begin("rerank")
+            body = await parse_body(request, RerankRequest, max_items=self.max_items)
+            return await self.answer_rerank(request, body, call)
+        start = time.perf_counter()
+        parsed: EmbedRequest | SimilarityRequest | None = None
+        try:
+            # NOTE: ``pick`` may choose SimilarityRequest; parse_body's typing knows one model only.
+            parsed = await parse_body(request, EmbedRequest, max_items=self.max_items,
+                                      pick=embedding_body)  # type: ignore[arg-type]
+        finally:  # NOTE: counted once the shape is known (a body that does not parse counts as embed)
+            call = self.service.begin("similarity" if isinstance(parsed, SimilarityRequest) else "embed", start=start)
+        if isinstance(parsed, SimilarityRequest):
+            return await self.answer_similarity(request, parsed, call)
+        return await self.answer_embed(request, parsed, call)
+
+    async def embed_all(self, request: Request) -> Response:
+        """Every token's final hidden state (after the final norm, not normalized): [[[float]]]."""
+        service = self.service
+        call = service.begin("embed_all")
+        service.require("embedding", "/embed_all")
+        body = await parse_body(request, EmbedAllRequest, max_items=self.max_items)
+        texts = texts_of(body.inputs)
+        service.check_inputs(len(texts), empty=any(t == "" for t in texts))
+        prompt = service.resolve_prompt(body.prompt_name)
+        result = await service.embed_all(
+            request, call, texts, prompt=prompt, truncate=service.truncate(body.truncate),
+            direction=body.truncation_direction,
+        )
+        # NOTE: L*E floats per input: render the JSON off the event loop.
+        content = await asyncio.to_thread(lambda: json.dumps([s.tolist() for s in result.states]).encode())
+        return Response(content, media_type="application/json", headers=result.usage.headers())
+
+    async def tokenize(self, request: Request) -> Response:
+        """Tokens with char offsets into the (prompt + input) string; at most max_batch_tokens
+        tokens per request (422 above)."""
+        self.service.begin("tokenize")
+        body = await parse_body(request, TokenizeRequest, max_items=self.max_items)
+        texts = texts_of(body.inputs)
+        self.service.check_inputs(len(texts), empty=any(t == "" for t in texts))
+        out = await self.service.tokenize(texts, prompt_name=body.prompt_name,
+                                          add_special_tokens=body.add_special_tokens)
+        return Response(out, media_type="application/json")
+
+    async def decode(self, request: Request) -> JSONResponse:
+        """Token ids -> text, one string per id list."""
+        self.service.begin("decode")
+        body = await parse_body(request, DecodeRequest, max_items=self.max_items)
+        texts = await self.service.decode(id_lists(body.ids), skip_special_tokens=body.skip_special_tokens)
+        return JSONResponse(texts)
+
+    async def healthy(self) -> Response:
+        self.service.check_alive()
+        return Response(status_code=200)
+
+
+def build_router(service: Service) -> APIRouter:
+    tei = TeiRoutes(service)
+    router = APIRouter()
+
+    def post(path: str, endpoint, response_model, body_model) -> None:
+        router.add_api_route(path, endpoint, methods=["POST"], response_model=response_model, tags=["TEI"],
+                             openapi_extra=openapi_body(body_model))
+
+    post("/embed", tei.embed, list[list[float]], EmbedRequest)
+    post("/rerank", tei.rerank, list[Rank], RerankRequest)
+    post("/tokenize", tei.tokenize, list[list[SimpleToken]], TokenizeRequest)
+    router.add_api_route("/ping", tei.healthy, methods=["GET"], tags=["TEI"], summary="Health (SageMaker)")
+    router.add_api_route("/", tei.healthy, methods=["GET"], tags=["TEI"], summary="Health (Inference API)")
+    add_dispatch(router, tei)
+    post("/similarity", tei.similarity, list[float], SimilarityRequest)
+    post("/embed_all", tei.embed_all, list[list[list[float]]], EmbedAllRequest)
+    post("/decode", tei.decode, list[str], DecodeRequest)
+    return router
+
+
+def add_dispatch(router: APIRouter, tei: TeiRoutes) -> None:
+    """POST / and /invocations, documented as the route they dispatch to."""
+    reranker = tei.service.runner.kind == "reranker"
+    targets = "/rerank" if reranker else "/embed or /similarity"
+    for path in DISPATCHED:
+        router.add_api_route(
+            path, tei.dispatch, methods=["POST"], tags=["TEI"], summary=f"TEI compat: dispatch to {targets}",
+            description=f"Served as {targets} would serve the same body (an embedding model takes /similarity's "
+                        "body when `inputs` is an object)." + (" SageMaker's route." if path == "/invocations" else ""),
+            response_model=list[Rank] if reranker else Union[list[list[float]], list[float]],
+            openapi_extra=openapi_body(RerankRequest) if reranker else openapi_body(EmbedRequest, SimilarityRequest),
+            operation_id=f"dispatch_{'root' if path == '/' else 'invocations'}_post",
+        )

@@ -1,0 +1,54 @@
+"""What the server reads of a model runner and drives of a scheduler, as Protocols.
+
+``ServedRunner`` extends the scheduler's ``ModelRunner`` (prepare/run) with the fields the server
+reads: the model kind and identity for checks and /info, the tokenizer and prompts for
+tokenization, and the settings it reports at start-up. ``models.runner.Runner`` implements both;
+the type checker holds it and any fake to them, so the server never probes a runner with getattr.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from scheduler import SubmitResult
+from scheduler.contract import ModelRunner
+from scheduler.metrics import Metrics
+
+
+class ServedRunner(ModelRunner, Protocol):
+    kind: str  # "embedding" | "reranker"
+    model_id: str
+    config: Any  # the model config: ``vocab_size`` bounds valid token ids
+    tokenizer: Any  # a ``tokenizers.Tokenizer``
+    device: Any
+    dtype: Any
+    pooling: str
+    radix_attention: str
+    attention_backend: str
+    attention_rejected: dict[str, str]  # backend -> why it does not run
+    kernels: str
+    linear: str
+    max_positions: int
+    hidden_size: int
+    prompts: dict[str, str]
+    default_prompt_name: str | None
+    radix_threshold: float
+    prefix_cache: Any  # None when off; else what ``Metrics.watch_prefix_cache`` reads
+
+
+class ServedScheduler(Protocol):
+    """The scheduler as the app drives it: start, stop, submit, and its health for /health."""
+
+    metrics: Metrics | None
+
+    @property
+    def alive(self) -> bool: ...
+
+    @property
+    def queue_size(self) -> int: ...
+
+    def start(self) -> None: ...
+
+    def stop(self, drain: bool = True, timeout: float = 30.0) -> None: ...
+
+    async def submit(self, items: list[list[int]], *, request_id: str | None = None,
+                     all_tokens: bool = False) -> SubmitResult: ...

@@ -1,0 +1,266 @@
+"""The service every route calls: checks, permits, tokenization, the scheduler, domain results.
+
+Order of checks (cheapest first, none of them queues anything): model kind (400), empty input
+(400), too many inputs (422), worker alive (503), permits (429, at once); then tokenization (422
+on bad input) and the scheduler. Routes run the checks their dialect needs, then call one of
+``embed``, ``embed_ids``, ``rerank``, ``similarity``, ``embed_all``, ``tokenize``, ``decode``
+and render the result (server/service/results.py). The invariants: permits taken for a request
+are given back on every path out, including a client that disconnects while its items wait in
+the queue; a failure inside the scheduler or model reaches the client as a generic body naming
+the request id, and the log line with the same id has the details.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Awaitable, Callable, Iterator, Sequence
+
+from starlette.requests import Request
+
+from models import prompts
+from scheduler import BatchFailed, SubmitResult, WorkerDead
+from scheduler.metrics import Metrics
+from server.http.errors import ApiError, ClientGone, internal_message
+from server.http.request_id import request_id
+from server.service.contract import ServedRunner, ServedScheduler
+from server.service.permits import Permits
+from server.service.results import (Embeddings, Scores, Similarities, TokenStates, Usage, cosines,
+                                    shape_vectors)
+from server.service.tokenization import Tokenization
+
+log = logging.getLogger("radixserve.server")
+
+Items = list[list[int]]
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_input_length: int
+    max_client_batch_size: int
+    auto_truncate: bool
+    max_display_tokens: int = 16384  # tokens one /tokenize or /embed_all answer may hold (= max_batch_tokens)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One counted request: its metric label and when it started."""
+
+    method: str
+    start: float
+
+
+class Service:
+    """Binds the runner, scheduler, tokenization, permits and metrics of one app."""
+
+    def __init__(self, *, runner: ServedRunner, scheduler: ServedScheduler, metrics: Metrics, limits: Limits,
+                 permits: Permits, default_prompt_name: str | None = None, default_prompt: str | None = None,
+                 tokenization_workers: int = 2) -> None:
+        self.runner = runner
+        # The server's default prompt (flag) wins over the checkpoint's default_prompt_name.
+        self.default_prompt = default_prompt
+        self.default_prompt_name = default_prompt_name or runner.default_prompt_name
+        self.scheduler = scheduler
+        self.metrics = metrics
+        self.limits = limits
+        self.permits = permits
+        self.tok = Tokenization(
+            runner, max_input_length=limits.max_input_length, metrics=metrics, workers=tokenization_workers,
+            max_display_tokens=limits.max_display_tokens,
+        )
+
+    # -- checks ---------------------------------------------------------------------------------
+    def begin(self, method: str, *, start: float | None = None) -> Call:
+        """Count a request of ``method``; its clock starts now unless ``start`` says when it did."""
+        self.metrics.request_count.labels(method=method).inc()
+        return Call(method, time.perf_counter() if start is None else start)
+
+    def require(self, kind: str, route: str) -> None:
+        if self.runner.kind != kind:
+            other = "/rerank or /v1/rerank" if self.runner.kind == "reranker" else "/embed or /v1/embeddings"
+            raise ApiError(
+                "wrong_model",
+                f"{route} needs a model of kind {kind!r}, but this server runs a model of kind "
+                f"{self.runner.kind!r} ({self.runner.model_id}); use {other}",
+            )
+
+    def check_inputs(self, n: int, *, empty: bool, what: str = "inputs") -> None:
+        if n == 0 or empty:
+            raise ApiError("empty", f"{what} must not be empty")
+        if n > self.limits.max_client_batch_size:
+            raise ApiError(
+                "validation",
+                f"{n} {what} in one request, more than the maximum of {self.limits.max_client_batch_size}",
+            )
+
+    def check_dimensions(self, dimensions: int | None) -> None:
+        if dimensions is not None and not 1 <= dimensions <= self.runner.hidden_size:
+            raise ApiError("validation", f"dimensions must lie in [1, {self.runner.hidden_size}], got {dimensions}")
+
+    def check_alive(self) -> None:
+        """503 unless the model worker runs (/health and its aliases)."""
+        if not self.scheduler.alive:
+            raise ApiError("unhealthy", "the model worker is not running")
+
+    def truncate(self, requested: bool | None) -> bool:
+        return self.limits.auto_truncate if requested is None else requested
+
+    def resolve_prompt(self, prompt_name: str | None) -> str:
+        """The prompt text for ``prompt_name`` (None: the server's or the checkpoint's default)."""
+        try:
+            return prompts.resolve_prompt(
+                self.runner.prompts or {}, prompt_name=prompt_name,
+                default_prompt_name=self.default_prompt_name, default_prompt=self.default_prompt,
+            )
+        except prompts.UnknownPrompt as exc:
+            raise ApiError("validation", str(exc)) from exc
+
+    @contextlib.contextmanager
+    def admitted(self, n_items: int) -> Iterator[None]:
+        """Hold ``n_items`` permits for the block; 429 at once when too few are left."""
+        if not self.permits.try_acquire(n_items):
+            raise ApiError(
+                "overloaded",
+                f"too many concurrent inputs (limit {self.permits.total}, {self.permits.in_use} in flight); "
+                "retry later",
+            )
+        try:
+            yield
+        finally:
+            self.permits.release(n_items)
+
+    # -- domain calls ---------------------------------------------------------------------------
+    async def embed(self, request: Request, call: Call, texts: Sequence[str], *, prompt: str, truncate: bool,
+                    direction: str, dimensions: int | None, normalize: bool) -> Embeddings:
+        """Pooled embeddings of ``texts`` (``prompt`` prepended), cut to ``dimensions``, normalized if asked."""
+
+        async def encode() -> Items:
+            return await self.tok.embedding_inputs(texts, prompt=prompt, truncate=truncate, direction=direction)
+
+        outputs, usage = await self._infer(request, call, len(texts), encode)
+        return Embeddings(shape_vectors(outputs, dimensions=dimensions, normalize=normalize), usage)
+
+    async def embed_ids(self, request: Request, call: Call, ids: Sequence[Sequence[int]], *, truncate: bool,
+                        dimensions: int | None, normalize: bool) -> Embeddings:
+        """As ``embed`` for pre-tokenized inputs: ids checked against the vocabulary first."""
+        checked = self.tok.check_token_ids(ids, truncate=truncate)
+
+        async def encode() -> Items:
+            return checked
+
+        outputs, usage = await self._infer(request, call, len(checked), encode)
+        return Embeddings(shape_vectors(outputs, dimensions=dimensions, normalize=normalize), usage)
+
+    async def rerank(self, request: Request, call: Call, query: str, texts: Sequence[str], *, instruction: str,
+                     truncate: bool, direction: str) -> Scores:
+        """Raw scores of ``texts`` against ``query`` (the query is encoded once), in input order."""
+
+        async def encode() -> Items:
+            return await self.tok.rerank_inputs(
+                query, texts, instruction=instruction, truncate=truncate, direction=direction
+            )
+
+        outputs, usage = await self._infer(request, call, len(texts), encode)
+        return Scores([float(s) for s in outputs], usage)
+
+    async def similarity(self, request: Request, call: Call, texts: Sequence[str], *, prompt: str, truncate: bool,
+                         direction: str) -> Similarities:
+        """Cosine similarity of ``texts[0]`` with each of ``texts[1:]``, from our embeddings."""
+
+        async def encode() -> Items:
+            return await self.tok.embedding_inputs(texts, prompt=prompt, truncate=truncate, direction=direction)
+
+        outputs, usage = await self._infer(request, call, len(texts), encode)
+        return Similarities(cosines(outputs), usage)
+
+    async def embed_all(self, request: Request, call: Call, texts: Sequence[str], *, prompt: str, truncate: bool,
+                        direction: str) -> TokenStates:
+        """Every token's final hidden state; at most ``max_display_tokens`` tokens per request (422)."""
+        cap = self.limits.max_display_tokens
+
+        async def encode() -> Items:
+            items = await self.tok.embedding_inputs(texts, prompt=prompt, truncate=truncate, direction=direction)
+            n = sum(map(len, items))
+            if n > cap:  # the answer holds E floats per token
+                raise ApiError("validation", f"{n} tokens in one /embed_all request, more than the maximum of {cap}")
+            return items
+
+        outputs, usage = await self._infer(request, call, len(texts), encode, all_tokens=True)
+        return TokenStates(outputs, usage)
+
+    async def tokenize(self, texts: Sequence[str], *, prompt_name: str | None, add_special_tokens: bool) -> bytes:
+        """/tokenize's JSON bytes; an embedding model's prompt is prepended (a reranker's is none)."""
+        prompt = self.resolve_prompt(prompt_name) if self.runner.kind == "embedding" else ""
+        with self.admitted(len(texts)):
+            out = await self.tok.display(texts, prompt=prompt, add_special_tokens=add_special_tokens)
+        self.metrics.request_success.labels(method="tokenize").inc()
+        return out
+
+    async def decode(self, batch: list[list[int]], *, skip_special_tokens: bool) -> list[str]:
+        """Token ids -> text, one string per id list; 422 for an id outside the vocabulary."""
+        vocab = self.tok.vocab_size
+        for i, ids in enumerate(batch):
+            if ids and not (0 <= min(ids) and max(ids) < vocab):  # min/max run in C
+                raise ApiError("validation", f"ids {i}: a token id lies outside the vocabulary [0, {vocab})")
+        tok = self.tok.tokenizer
+        with self.admitted(len(batch)):
+            texts = await asyncio.get_running_loop().run_in_executor(
+                self.tok.executor, lambda: tok.decode_batch(batch, skip_special_tokens=skip_special_tokens)
+            )
+        self.metrics.request_success.labels(method="decode").inc()
+        return texts
+
+    # -- the path -------------------------------------------------------------------------------
+    async def _infer(self, request: Request, call: Call, n_items: int, encode: Callable[[], Awaitable[Items]], *,
+                     all_tokens: bool = False) -> tuple[list[Any], Usage]:
+        """Admit ``n_items``, build their token ids with ``await encode()``, run them, time them.
+
+        ``all_tokens``: each output is the item's [L, E] per-token states instead of its pooled one.
+        """
+        if not self.scheduler.alive:
+            rid = request_id(request)
+            raise ApiError("unhealthy", f"the model worker is not running; retry later (request id {rid})")
+        with self.admitted(n_items):
+            items = await encode()
+            result = await self._submit(request, items, all_tokens=all_tokens)
+        total = time.perf_counter() - call.start
+        m = self.metrics
+        m.request_duration.observe(total)
+        m.queue_duration.observe(result.queue_time_s)
+        m.inference_duration.observe(result.inference_time_s)
+        m.request_success.labels(method=call.method).inc()
+        usage = Usage(tokens=sum(len(i) for i in items), queue_s=result.queue_time_s,
+                      inference_s=result.inference_time_s, total_s=total, compute_tokens=int(result.compute_tokens))
+        return list(result.outputs), usage
+
+    async def _submit(self, request: Request, items: Items, *, all_tokens: bool) -> SubmitResult:
+        """Await the scheduler; cancel the entries when the client goes away first."""
+        rid = request_id(request)
+        work = asyncio.ensure_future(
+            self.scheduler.submit([list(i) for i in items], request_id=rid, all_tokens=all_tokens))
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if work not in done:
+                raise ClientGone()
+            return work.result()
+        except BatchFailed as exc:
+            log.error("request id %s: %d items failed in the model: %s", rid, len(items), exc)
+            raise ApiError("backend", internal_message(rid)) from exc
+        except WorkerDead as exc:
+            log.error("request id %s: the model worker is not available: %s", rid, exc)
+            raise ApiError("unhealthy", f"the model worker is not available; retry later (request id {rid})") from exc
+        finally:
+            gone.cancel()
+            if not work.done():
+                work.cancel()  # NOTE: the scheduler drops entries whose future was cancelled
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has closed the connection (the body is already consumed)."""
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
