@@ -1,4 +1,4 @@
-"""Cross-batch prefix cache: per-layer K/V rows of token blocks that earlier batches computed.
+"""The prefix cache's block index and pool: which token blocks are cached, and their K/V rows.
 
 Structure: a persistent radix tree whose edges are fixed blocks of `block` tokens (16), keyed
 exactly by (parent block id, the block's token ids as bytes). A dict lookup compares that key in
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from models.prefix_cache_size import DEFAULT_SIZE, bytes_per_token, capacity_tokens  # noqa: F401 (re-exported)
+from models.prefix_cache.size import bytes_per_token
 
 BLOCK_TOKENS = 16
 
