@@ -182,8 +182,8 @@ def _build_cached(cu: np.ndarray, index: RadixIndex, plan: CachePlan,
     node_ids = np.asarray(index.compact_ids).astype(np.int64)
     node_pos = np.asarray(index.compact_positions).astype(np.int64)
     rows_of = np.asarray(index.scatter).astype(np.int64)
-    owner_of_node = np.repeat(np.asarray(index.owners).astype(np.int64),
-                              np.diff(np.asarray(index.cu_seqlens_q).astype(np.int64)))  # [N']
+    owned: np.ndarray = np.diff(np.asarray(index.cu_seqlens_q).astype(np.int64))  # [B'] nodes per owner
+    owner_of_node = np.repeat(np.asarray(index.owners).astype(np.int64), owned)  # [N']
     n_computed = np.bincount(owner_of_node[keep], minlength=b)  # [B] new rows each sequence owns
     owners = np.flatnonzero(n_computed)  # ascending = compact order (owners come in batch order)
     cu_q = np.concatenate([[0], np.cumsum(n_computed[owners])])

@@ -50,7 +50,7 @@ class Linear(nn.Linear):
 
     def dense_weight(self) -> Tensor:
         """[out, in]: the weight itself, or rebuilt from the packed copy once it was dropped."""
-        if self.dense_dropped:
+        if self.dense_dropped and self.packed is not None:  # dropped only after packing
             return self.packed.to_dense()
         return self.weight
 

@@ -156,7 +156,7 @@ def _layout_doubling(sym, lens, cu):
     """(gather, scatter, owned count per sequence) from per-row node ids (prefix doubling)."""
     n = sym.size
     seq = np.repeat(np.arange(lens.size), lens)  # [N] sequence of each row
-    depth = np.arange(n) - np.repeat(cu[:-1], lens)  # [N] index of each row in its sequence
+    depth = positions_from_cu_seqlens(cu, np.int64)  # [N] index of each row in its sequence
     node = _nodes_doubling(sym, depth)
     rows = np.arange(n)
     n_nodes = int(node.max()) + 1

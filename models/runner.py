@@ -123,7 +123,7 @@ class Runner:
         items: tuple[int, ...] = ()
         rows = None
         if per_token:
-            lens = np.diff(np.asarray(cu_seqlens, dtype=np.int64))  # [B]
+            lens: np.ndarray = np.diff(np.asarray(cu_seqlens, dtype=np.int64))  # [B]
             # The model row of every original token: itself without the trie, else its compact row.
             rows_of = (np.asarray(index.scatter).astype(np.int64) if index is not None
                        else np.arange(n, dtype=np.int64))  # [N]
@@ -138,8 +138,9 @@ class Runner:
     def cache_usable(self, *, all_tokens: bool = False) -> bool:
         """Whether a batch of this runner uses its prefix cache (`cache_refusal`; a copy of the
         runner with another mode or pooling, `dataclasses.replace`, keeps the pool but not its use)."""
-        return self.prefix_cache is not None and cache_refusal(
-            radix_attention=self.radix_attention, pooling=head_pooling(self.kind, self.pooling), all_tokens=all_tokens) is None
+        refused = cache_refusal(radix_attention=self.radix_attention,
+                                pooling=head_pooling(self.kind, self.pooling), all_tokens=all_tokens)
+        return self.prefix_cache is not None and refused is None
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Differentiable pooled output on the device: [B, E] embeddings or [B] raw scores."""
@@ -148,6 +149,7 @@ class Runner:
 
     def _head(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         if self.kind == "reranker":
+            assert self.yes_id is not None and self.no_id is not None  # load_runner sets both
             return rerank_logits(self.model, hidden, batch, yes_id=self.yes_id, no_id=self.no_id)
         return pool(self.model, hidden, batch, self.pooling)
 
@@ -155,6 +157,7 @@ class Runner:
         """CPU float32: [B, E] pooled embeddings (not normalised) or [B] raw reranker scores; with
         all_tokens items a list of B outputs, [L, E] final states for those items."""
         batch = prepared.forward
+        out: torch.Tensor | list
         try:
             with torch.inference_mode():
                 if batch.num_seqs == 0:
@@ -174,6 +177,7 @@ class Runner:
 
     def _run_tokens(self, prepared: PreparedBatch) -> list:
         batch = prepared.forward
+        assert prepared.token_rows is not None  # prepare sets it with token_items
         hidden = self.model(batch.input_ids, batch.positions, batch)  # [T, E]
         pooled = self._head(hidden, batch).float().cpu().numpy()  # [B, E] or [B]
         states = token_states(self.model, hidden, prepared.token_rows).float().cpu().numpy()  # [M, E]

@@ -34,7 +34,8 @@ def cache_refusal(*, radix_attention: str, pooling: str, all_tokens: bool = Fals
     if radix_attention != "compact":
         return f"radix_attention={radix_attention} (it needs compact attention)"
     if pooling != "last-token":
-        return f"pooling={pooling} (it reads rows of every token, or the first; cached rows have no hidden state)"
+        return (f"pooling={pooling} (it reads rows of every token, or the first; cached rows have "
+                "no hidden state)")
     if all_tokens:
         return "all_tokens items (they read every token's state; cached rows have none)"
     return None
