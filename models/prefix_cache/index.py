@@ -68,7 +68,7 @@ class Lease:
     write_lens: np.ndarray  # [W] int64 rows written of each block: block, or t for a tail block
     pinned: list[_Block] = field(default_factory=list)
     pending: list[_Block] = field(default_factory=list)
-    hits: int = 0  # tokens read from the cache, set by the batch builder
+    hits: int = 0  # tokens read from the cache, set by layout.plan_batch
     misses: int = 0
     done: bool = False
 

@@ -8,12 +8,15 @@ batch can read a row this one has not finished writing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from kernels import GatherPairFn
 from models.prefix_cache.index import Lease, PrefixCache
+
+if TYPE_CHECKING:
+    from kernels import GatherPairFn
 
 
 @dataclass(frozen=True)
