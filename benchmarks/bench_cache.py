@@ -98,7 +98,7 @@ def _prepare(runner: Runner, seqs, config: str, cache, threshold: float):
     cu = np.zeros(len(seqs) + 1, dtype=np.int32)
     cu[1:] = np.cumsum([len(s) for s in seqs])
     # The runner builds and gates the trie itself: radix off is threshold 0 (never built).
-    gated = dataclasses.replace(runner, radix_threshold=0.0 if config == "radix-off" else threshold,
+    gated = dataclasses.replace(runner, radix_mlp_threshold=0.0 if config == "radix-off" else threshold,
                                 prefix_cache=cache if config == "cache" else None)
     return gated.prepare(ids, cu)
 

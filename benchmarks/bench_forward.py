@@ -69,7 +69,7 @@ def measured_pw_share(runner: Runner, fb_off, *, repeats: int) -> float:
     NOTE: on CPU attention runs at a lower FLOP rate than the GEMMs, so the FLOP share
     overstates the position-wise share of *time*; this is the share Amdahl's law really needs.
     """
-    kernels = runner.model.layers[0].self_attn.kernels  # one Kernels object shared by all layers
+    kernels = runner.model.layers[0].self_attn.ops  # one AttentionOps object shared by all layers
     inner, spent = kernels.attention, []
     cuda = runner.device.type == "cuda"
 
@@ -199,8 +199,8 @@ def main(argv=None) -> int:
     if args.attention:
         from models.attention import PORTABLE, AttentionBackend
 
-        runner.model.layers[0].self_attn.kernels.attention = AttentionBackend(
-            args.attention, PORTABLE[args.attention])  # one Kernels object shared by all layers
+        runner.model.layers[0].self_attn.ops.attention = AttentionBackend(
+            args.attention, PORTABLE[args.attention])  # one AttentionOps object shared by all layers
         runner.attention_backend = args.attention
     if args.ab:
         rows = ab(runner, old_model(runner, args.ab, model_dir), batch=args.batch,

@@ -99,8 +99,9 @@ def old_model(runner: Runner, old_root, model_dir: str):
     root = Path(old_root)
     qwen3 = _module_from(root / "models" / "qwen3.py", "ab_old_qwen3")
     loader = _module_from(root / "models" / "loader.py", "ab_old_loader")
-    ker = runner.model.layers[0].self_attn.kernels
-    kernels = qwen3.Kernels(ker.attention, ker.gather_rows, ker.gather_rows_pair)
+    ker = runner.model.layers[0].self_attn.ops
+    ops_class = getattr(qwen3, "AttentionOps", None) or qwen3.Kernels  # a checkout before the rename
+    kernels = ops_class(ker.attention, ker.gather_rows, ker.gather_rows_pair)
     with torch.device("meta"):
         model = qwen3.Qwen3Model(runner.config, kernels, rope_device=runner.device,
                                  lm_head=runner.kind == "reranker")

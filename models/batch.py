@@ -1,26 +1,29 @@
 """ForwardBatch: everything one ragged forward needs, built on the host before the model runs.
 
-Invariant: all index arithmetic happens here, in numpy, on the scheduler's CPU thread; the
-forward only reads tensors and Python ints (no .item()/.tolist() on device tensors).
+Invariant: all index arithmetic happens on the host, in numpy, on the scheduler's CPU thread (here
+and in the prefix cache's plan); the forward only reads tensors and Python ints (no
+.item()/.tolist() on device tensors).
 "Rows" are the rows the model runs on: N original tokens in mode "off", N' compact tokens in
 "paper"/"compact". `last_rows`/`first_rows` index those rows.
-With a prefix cache (compact mode only) the rows are the N' nodes minus those read from the
-cache; each layer's keys come from [pool rows read | new rows] and kv_index indexes that.
+With a prefix cache (compact mode only) the rows are the N' nodes minus those the cache's plan
+(models/prefix_cache/layout.py) reads from the pool; each layer's keys come from
+[pool rows read | new rows] and kv_index indexes that. This module only assembles batches: which
+rows the pool serves is the cache's decision.
 """
 from __future__ import annotations
 
-import weakref
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from models.attention import AttnMeta, make_meta, to_device
-from models.prefix_cache import Lease, PrefixCache
+from models.options import RADIX_ATTENTION
+from models.prefix_cache import CacheIO, CachePlan, PrefixCache, cache_refusal, plan_batch
+from models.radix import RadixIndex, identity_index, positions_from_cu_seqlens
 
-MODES = ("off", "paper", "compact")
+MODES = ("off",) + RADIX_ATTENTION
 
 
 @dataclass(frozen=True)
@@ -62,11 +65,6 @@ class ForwardBatch:
         return self.num_tokens - self.cache_hit_tokens if self.cache is not None else 0
 
 
-def _positions(cu: np.ndarray) -> np.ndarray:
-    lens = np.diff(cu)
-    return (np.arange(int(cu[-1]), dtype=np.int64) - np.repeat(cu[:-1].astype(np.int64), lens))
-
-
 def _mean_weights(rows: np.ndarray, lens: np.ndarray, num_rows: int,
                   device: torch.device) -> torch.Tensor:
     """Sparse [B, T] on `device`: 1/len_b at (b, row) for every original token of sequence b.
@@ -99,9 +97,9 @@ def _checked(input_ids, cu_seqlens) -> tuple[np.ndarray, np.ndarray]:
     return ids, cu
 
 
-def build_forward_batch(input_ids, cu_seqlens, index=None, *, mode: str = "compact",
-                        device: torch.device | str = "cpu", mean_pooling: bool = False,
-                        cache: PrefixCache | None = None) -> ForwardBatch:
+def build_forward_batch(input_ids, cu_seqlens, index: RadixIndex | None = None, *,
+                        mode: str = "compact", device: torch.device | str = "cpu",
+                        mean_pooling: bool = False, cache: PrefixCache | None = None) -> ForwardBatch:
     """Host-side builder. input_ids [N] int, cu_seqlens [B+1] int, index RadixIndex-shaped or None.
 
     With index=None the mode is "off" whatever `mode` says, unless a `cache` is given (compact
@@ -116,17 +114,19 @@ def build_forward_batch(input_ids, cu_seqlens, index=None, *, mode: str = "compa
     lens = np.diff(cu)
     n, b = int(cu[-1]), len(lens)
     if cache is not None:
-        if mode != "compact" or mean_pooling:
-            raise ValueError("the prefix cache needs compact attention and no mean pooling")
-        lease = cache.plan(ids, cu)
+        refused = cache_refusal(radix_attention=mode, pooling="mean" if mean_pooling else "last-token")
+        if refused is not None:
+            raise ValueError(f"the prefix cache cannot serve this batch: {refused}")
+        nodes = index if index is not None else identity_index(ids, cu)
+        plan = plan_batch(cache, ids, cu, nodes, device)
         try:
-            return _build_cached(ids, cu, index, cache, lease, device)
+            return _build_cached(cu, nodes, plan, device)
         except BaseException:
-            cache.abort(lease)
+            plan.io.abort()
             raise
     if index is None or mode == "off":
         mode = "off"
-        row_ids, positions = ids, _positions(cu)
+        row_ids, positions = ids, positions_from_cu_seqlens(cu, np.int64)
         rows_of = np.arange(n, dtype=np.int64)  # [N] model row of each original row
         cu_q = cu_k = cu
         scatter = gather = kv_index = None
@@ -139,149 +139,64 @@ def build_forward_batch(input_ids, cu_seqlens, index=None, *, mode: str = "compa
         if mode == "paper":
             cu_q = cu_k = cu
         else:
-            owners = np.asarray(index.owners).astype(np.int64)
             cu_q = np.asarray(index.cu_seqlens_q).astype(np.int64)
-            owner_lens = lens[owners]
-            cu_k = np.concatenate([[0], np.cumsum(owner_lens)])
-            # kv_index = concat of scatter[cu[s]:cu[s+1]] over owners s, without a Python loop.
-            starts = np.repeat(cu[owners] - cu_k[:-1], owner_lens)  # [sum owner lens]
-            kv_index = rows_of[np.arange(int(cu_k[-1]), dtype=np.int64) + starts]
+            cu_k, kv_index = _owner_keys(rows_of, cu, np.asarray(index.owners).astype(np.int64))
             scatter = gather = None  # compact attention needs neither
     last = rows_of[cu[1:] - 1] if b else np.zeros(0, np.int64)
     first = rows_of[cu[:-1]] if b else np.zeros(0, np.int64)
-
-    def dev(a: np.ndarray | None, dtype=torch.int64):
-        if a is None:
-            return None
-        return to_device(torch.from_numpy(np.ascontiguousarray(a)).to(dtype), device)
-
-    attn = make_meta(cu_q, cu_k, device)
     weights = _mean_weights(rows_of, lens, len(row_ids), device) if mean_pooling else None
     return ForwardBatch(
-        mode=mode, input_ids=dev(row_ids), positions=dev(positions), attn=attn, num_seqs=b,
-        num_tokens=n, seq_lens=tuple(int(x) for x in lens), last_rows=dev(last),
-        first_rows=dev(first), scatter=dev(scatter), gather=dev(gather), kv_index=dev(kv_index),
-        mean_weights=weights,
+        mode=mode, input_ids=_dev(row_ids, device), positions=_dev(positions, device),
+        attn=make_meta(cu_q, cu_k, device), num_seqs=b, num_tokens=n,
+        seq_lens=tuple(int(x) for x in lens), last_rows=_dev(last, device),
+        first_rows=_dev(first, device), scatter=_opt_dev(scatter, device),
+        gather=_opt_dev(gather, device), kv_index=_opt_dev(kv_index, device), mean_weights=weights,
     )
 
 
-def _segment_sum(values: np.ndarray, cu: np.ndarray) -> np.ndarray:
-    """[B] sum of values over each sequence's rows (every sequence has >= 1 row)."""
-    return np.add.reduceat(values, cu[:-1]) if len(cu) > 1 else np.zeros(0, values.dtype)
+def _dev(a: np.ndarray, device: torch.device) -> Tensor:
+    """[K] int64 host array -> device tensor (pinned, non-blocking on CUDA)."""
+    return to_device(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)), device)
 
 
-def _build_cached(ids: np.ndarray, cu: np.ndarray, index, cache: PrefixCache, lease,
+def _opt_dev(a: np.ndarray | None, device: torch.device) -> Tensor | None:
+    return None if a is None else _dev(a, device)
+
+
+def _owner_keys(rows_of: np.ndarray, cu: np.ndarray, owners: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(cu_k [B'+1], kv_index [sum owner lengths]): compact attention's keys of each owner are its
+    whole sequence, rows_of[cu[s]:cu[s+1]] for each owner s, concatenated without a Python loop."""
+    owner_lens = np.diff(cu)[owners]
+    cu_k = np.concatenate([[0], np.cumsum(owner_lens)])
+    starts = np.repeat(cu[owners] - cu_k[:-1], owner_lens)  # [sum owner lens]
+    return cu_k, rows_of[np.arange(int(cu_k[-1]), dtype=np.int64) + starts]
+
+
+def _build_cached(cu: np.ndarray, index: RadixIndex, plan: CachePlan,
                   device: torch.device) -> ForwardBatch:
-    """Compact batch whose cached nodes are read from the pool instead of computed.
-
-    Sequence s may read its first m(s) tokens, m(s) = its cached rows (full blocks, then a partial
-    block's leading rows) capped below the depth of
-    any node on its path that is some sequence's last token (pooled rows must be computed; this
-    covers m(s) <= len(s) - 1). A node is cached iff its depth < max m over the sequences through
-    it: that set is prefix-closed along every path, so the computed nodes of each owner remain a
-    suffix of its block and compact attention's bottom-right alignment stays exact.
-    """
+    """Compact batch whose cached nodes (`plan.cached`) are read from the pool instead of computed:
+    the rows are the other nodes, and every row index points into [pool rows read | new rows]."""
     lens = np.diff(cu)
-    n, b = int(cu[-1]), len(lens)
-    depth = _positions(cu)  # [N]
-    seq = np.repeat(np.arange(b, dtype=np.int64), lens)  # [N]
-    if index is None:  # one node per token; each sequence owns all of its rows
-        node_ids, node_pos, rows_of = ids, depth, np.arange(n, dtype=np.int64)
-        owner_of_node = seq
-    else:
-        node_ids = np.asarray(index.compact_ids).astype(np.int64)
-        node_pos = np.asarray(index.compact_positions).astype(np.int64)
-        rows_of = np.asarray(index.scatter).astype(np.int64)
-        owners = np.asarray(index.owners).astype(np.int64)
-        owner_of_node = np.repeat(owners, np.diff(np.asarray(index.cu_seqlens_q).astype(np.int64)))
-    n_nodes = len(node_ids)
-    last_node = rows_of[cu[1:] - 1]  # [B]
-    is_last = np.zeros(n_nodes, dtype=bool)
-    is_last[last_node] = True
-    # [B] shallowest depth on each path whose node is a pooled row (its own last token at most)
-    cap = np.minimum.reduceat(np.where(is_last[rows_of], depth, n), cu[:-1]) if b else lens
-    m = np.minimum(lease.matched, cap)  # [B]
-    readable = depth < m[seq]  # [N] rows whose K/V this batch may take from the pool
-    reach = np.zeros(n_nodes, dtype=np.int64)
-    np.maximum.at(reach, rows_of, m[seq])
-    cached = node_pos < reach  # [N'] nodes read from the pool, prefix-closed along every path
-    pool_row = np.full(n_nodes, -1, dtype=np.int64)
-    # row (s, d) with d < m(s) <= matched(s) sits at read_rows[offset(s) + d]
-    offset = np.concatenate([[0], np.cumsum(lease.matched)[:-1]])
-    pool_row[rows_of[readable]] = lease.read_rows[offset[seq[readable]] + depth[readable]]
-    keep = ~cached
-    n_read, n_new = int(cached.sum()), int(keep.sum())
-    src = np.empty(n_nodes, dtype=np.int64)  # [N'] row of each node in [pool rows read | new rows]
-    src[cached] = np.arange(n_read)
-    src[keep] = n_read + np.arange(n_new)
-    src_of_row = src[rows_of]  # [N]
+    b = len(lens)
+    keep = ~plan.cached  # [N'] nodes this batch computes
+    node_ids = np.asarray(index.compact_ids).astype(np.int64)
+    node_pos = np.asarray(index.compact_positions).astype(np.int64)
+    rows_of = np.asarray(index.scatter).astype(np.int64)
+    owned: np.ndarray = np.diff(np.asarray(index.cu_seqlens_q).astype(np.int64))  # [B'] nodes per owner
+    owner_of_node = np.repeat(np.asarray(index.owners).astype(np.int64), owned)  # [N']
     n_computed = np.bincount(owner_of_node[keep], minlength=b)  # [B] new rows each sequence owns
     owners = np.flatnonzero(n_computed)  # ascending = compact order (owners come in batch order)
     cu_q = np.concatenate([[0], np.cumsum(n_computed[owners])])
-    owner_lens = lens[owners]
-    cu_k = np.concatenate([[0], np.cumsum(owner_lens)])
-    starts = np.repeat(cu[owners] - cu_k[:-1], owner_lens)  # [sum owner lens]
-    kv_index = src_of_row[np.arange(int(cu_k[-1]), dtype=np.int64) + starts]
-    # NOTE: a cached first token has no hidden row (-1 makes cls pooling fail loudly; the runner
-    # turns the cache off for cls and mean pooling).
-    first = np.where(cached[rows_of[cu[:-1]]], -1, src_of_row[cu[:-1]] - n_read)
-    last = src_of_row[cu[1:] - 1] - n_read  # never cached: m(s) stays below every pooled row
-    # written rows, block by block: write_lens[w] rows (block, or t for a tail) from original row
-    # write_starts[w] into slot write_slots[w]: original row -> source row, pool slot -> pool row
-    lens_w = lease.write_lens
-    within = np.arange(int(lens_w.sum())) - np.repeat(np.cumsum(lens_w) - lens_w, lens_w)  # [sum lens]
-    rows_w = np.repeat(lease.write_starts, lens_w) + within
-    dst_w = np.repeat(lease.write_slots * cache.block, lens_w) + within
-    hits = _segment_sum(cached[rows_of].astype(np.int64), cu)  # [B]
-    lease.hits, lease.misses = int(hits.sum()), n - int(hits.sum())
-
-    def dev(a: np.ndarray) -> Tensor:
-        return to_device(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)), device)
-
-    io = CacheIO(cache=cache, lease=lease, read_rows=dev(pool_row[cached]) if n_read else None,
-                 write_rows=dev(dst_w) if dst_w.size else None,
-                 write_src=dev(src_of_row[rows_w]) if dst_w.size else None)
-    # A batch dropped before it ran (or never settled) gives its pins and pending rows back.
-    weakref.finalize(io, cache.abort, lease)
+    src_of_row, n_read = plan.src_of_row, plan.n_read
+    cu_k, kv_index = _owner_keys(src_of_row, cu, owners)
+    # NOTE: a cached first token has no hidden row (-1 makes cls pooling fail loudly; the cache
+    # serves last-token heads only, see cache_refusal).
+    first = np.where(plan.cached[rows_of[cu[:-1]]], -1, src_of_row[cu[:-1]] - n_read)
+    last = src_of_row[cu[1:] - 1] - n_read  # never cached: the plan keeps every pooled row computed
     return ForwardBatch(
-        mode="compact", input_ids=dev(node_ids[keep]), positions=dev(node_pos[keep]),
-        attn=make_meta(cu_q, cu_k, device), num_seqs=b, num_tokens=n,
-        seq_lens=tuple(int(x) for x in lens), last_rows=dev(last), first_rows=dev(first),
-        scatter=None, gather=None, kv_index=dev(kv_index), mean_weights=None,
-        cache=io, cached_tokens=tuple(int(x) for x in hits),
+        mode="compact", input_ids=_dev(node_ids[keep], device), positions=_dev(node_pos[keep], device),
+        attn=make_meta(cu_q, cu_k, device), num_seqs=b, num_tokens=int(cu[-1]),
+        seq_lens=tuple(int(x) for x in lens), last_rows=_dev(last, device),
+        first_rows=_dev(first, device), scatter=None, gather=None, kv_index=_dev(kv_index, device),
+        mean_weights=None, cache=plan.io, cached_tokens=tuple(int(x) for x in plan.hits),
     )
-
-
-GatherPair = Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
-
-
-@dataclass(frozen=True)
-class CacheIO:
-    """What one batch's attention layers read from and write to the pool (device index tensors).
-
-    Each layer's K/V source is [pool rows read | the batch's new rows], [P + T, Hkv, D]; the
-    batch's kv_index and `write_src` index that source.
-    """
-
-    cache: PrefixCache
-    lease: Lease
-    read_rows: Tensor | None  # [P] int64 pool rows this batch reads (None: it reads none)
-    write_rows: Tensor | None  # [sum write_lens] int64 pool rows this batch writes
-    write_src: Tensor | None  # [sum write_lens] int64 row of the source holding each written row
-
-    def extend(self, layer: int, k: Tensor, v: Tensor, gather_pair: GatherPair) -> tuple[Tensor, Tensor]:
-        """k, v [T, Hkv, D] -> [P + T, Hkv, D], storing this layer's new blocks on the way."""
-        if self.read_rows is not None:
-            kp, vp = gather_pair(self.cache.k[layer], self.cache.v[layer], self.read_rows)  # [P, Hkv, D]
-            k, v = torch.cat((kp, k)), torch.cat((vp, v))
-        if self.write_rows is not None:
-            # NOTE: detached: the pool is a constant to autograd, never part of a graph.
-            self.cache.k[layer].index_copy_(0, self.write_rows, k.detach().index_select(0, self.write_src))
-            self.cache.v[layer].index_copy_(0, self.write_rows, v.detach().index_select(0, self.write_src))
-        return k, v
-
-    def commit(self) -> None:
-        self.cache.commit(self.lease)
-
-    def abort(self) -> None:
-        self.cache.abort(self.lease)

@@ -5,7 +5,7 @@ small M. MKL's sgemm behind ``F.linear`` repacks the whole weight on every call,
 2-layer forward over 6 rows costs ~3x reading the weights once (docs/benchmarks.md, "CPU packed
 weights"). oneDNN's linear takes a weight reordered once into its blocked layout
 (``torch.ops.mkldnn._reorder_linear_weight``) and skips that repacking: on the dev CPU a forward
-over 6 rows is 2.3x faster, 137 rows 1.2x, 512 rows the same (``python -m loadtest.bench_linear``);
+over 6 rows is 2.3x faster, 137 rows 1.2x, 512 rows the same (``python -m benchmarks.bench_linear``);
 the same arithmetic up to summation order.
 
 Contract:
@@ -50,7 +50,7 @@ class Linear(nn.Linear):
 
     def dense_weight(self) -> Tensor:
         """[out, in]: the weight itself, or rebuilt from the packed copy once it was dropped."""
-        if self.dense_dropped:
+        if self.dense_dropped and self.packed is not None:  # dropped only after packing
             return self.packed.to_dense()
         return self.weight
 

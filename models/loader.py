@@ -106,7 +106,7 @@ def checkpoint_rows(model: nn.Module, name: str) -> tuple[str, int, int]:
     *path, part, leaf = name.split(".")
     for fused, parts in FUSED.items():
         if part in parts:
-            sizes = model.get_submodule(".".join(path)).fused_rows[fused]
+            sizes: tuple[int, ...] = getattr(model.get_submodule(".".join(path)), "fused_rows")[fused]
             k = parts.index(part)
             return ".".join([*path, fused, leaf]), sum(sizes[:k]), sizes[k]
     param = model.get_parameter(name)

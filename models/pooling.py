@@ -13,9 +13,8 @@ import torch
 from torch import Tensor
 
 from models.batch import ForwardBatch
+from models.options import POOLINGS
 from models.qwen3 import Qwen3Model
-
-POOLINGS = ("last-token", "mean", "cls")
 
 
 def pool(model: Qwen3Model, hidden: Tensor, batch: ForwardBatch, pooling: str) -> Tensor:

@@ -83,8 +83,9 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, kernels: "Kernels"):
+    def __init__(self, cfg: ModelConfig, ops: "AttentionOps", layer_idx: int):
         super().__init__()
+        self.layer_idx = layer_idx  # this layer's rows in the prefix cache's pool
         self.heads, self.kv_heads, self.head_dim = (cfg.num_attention_heads,
                                                     cfg.num_key_value_heads, cfg.head_dim)
         e, hd = cfg.hidden_size, cfg.head_dim
@@ -97,7 +98,7 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
         self.scale = hd ** -0.5
-        self.kernels = kernels
+        self.ops = ops
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], batch: ForwardBatch) -> Tensor:
         t, h = x.shape[0], self.heads
@@ -113,19 +114,21 @@ class Attention(nn.Module):
         return self.o_proj(o.reshape(t, self.heads * self.head_dim))  # [T, E]
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch) -> Tensor:
-        ker = self.kernels
+        ops = self.ops
         if batch.mode == "off":
-            return ker.attention(q, k, v, batch.attn, scale=self.scale)
+            return ops.attention(q, k, v, batch.attn, scale=self.scale)
         if batch.mode == "paper":
-            qf = ker.gather_rows(q, batch.scatter)  # [N, H, D]
-            kf, vf = ker.gather_rows_pair(k, v, batch.scatter)  # [N, Hkv, D]
-            of = ker.attention(qf, kf, vf, batch.attn, scale=self.scale)  # [N, H, D]
-            return ker.gather_rows(of, batch.gather)  # [N', H, D]
+            assert batch.scatter is not None and batch.gather is not None  # built with the trie
+            qf = ops.gather_rows(q, batch.scatter)  # [N, H, D]
+            kf, vf = ops.gather_rows_pair(k, v, batch.scatter)  # [N, Hkv, D]
+            of = ops.attention(qf, kf, vf, batch.attn, scale=self.scale)  # [N, H, D]
+            return ops.gather_rows(of, batch.gather)  # [N', H, D]
         # compact: queries stay [N', H, D]; each owner's keys are its full sequence.
+        assert batch.kv_index is not None  # every compact batch has one
         if batch.cache is not None:  # keys also come from the pool: [P + N', Hkv, D]
-            k, v = batch.cache.extend(self.layer_idx, k, v, ker.gather_rows_pair)
-        kc, vc = ker.gather_rows_pair(k, v, batch.kv_index)  # [sum owner lens, Hkv, D]
-        return ker.attention(q, kc, vc, batch.attn, scale=self.scale)
+            k, v = batch.cache.extend(self.layer_idx, k, v, ops.gather_rows_pair)
+        kc, vc = ops.gather_rows_pair(k, v, batch.kv_index)  # [sum owner lens, Hkv, D]
+        return ops.attention(q, kc, vc, batch.attn, scale=self.scale)
 
 
 class MLP(nn.Module):
@@ -144,10 +147,10 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, kernels: "Kernels"):
+    def __init__(self, cfg: ModelConfig, ops: "AttentionOps", layer_idx: int):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.self_attn = Attention(cfg, kernels)
+        self.self_attn = Attention(cfg, ops, layer_idx)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
@@ -156,8 +159,9 @@ class DecoderLayer(nn.Module):
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
-class Kernels:
-    """The attention backend and row gathers, picked once when the model is built."""
+class AttentionOps:
+    """The operations attention runs on: the attention backend and the row gathers, picked once
+    when the model is built and shared by every layer."""
 
     def __init__(self, attention: AttentionBackend, gather_rows: GatherFn,
                  gather_rows_pair: GatherPairFn):
@@ -170,14 +174,12 @@ class Qwen3Model(nn.Module):
     The final `norm` (and `lm_head`) are applied by models/pooling.py to pooled rows only.
     """
 
-    def __init__(self, cfg: ModelConfig, kernels: Kernels, *, rope_device: torch.device,
+    def __init__(self, cfg: ModelConfig, ops: AttentionOps, *, rope_device: torch.device,
                  lm_head: bool = False):
         super().__init__()
         self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(cfg, kernels) for _ in range(cfg.num_hidden_layers))
-        for i, layer in enumerate(self.layers):  # which layer of the prefix cache's pool is its own
-            layer.self_attn.layer_idx = i
+        self.layers = nn.ModuleList(DecoderLayer(cfg, ops, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         if lm_head and not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)

@@ -41,12 +41,25 @@ class RadixIndex:
     ratio: float  # N' / N (1.0 for an empty batch)
 
 
-def positions_from_cu_seqlens(cu_seqlens) -> np.ndarray:
-    """[N] int32: 0..len-1 for each sequence of the ragged batch."""
+def positions_from_cu_seqlens(cu_seqlens, dtype: type = np.int32) -> np.ndarray:
+    """[N] `dtype` (int32 unless asked): 0..len-1 for each sequence of the ragged batch."""
     cu = np.asarray(cu_seqlens, dtype=np.int64)
     lens = np.diff(cu)
     n = int(cu[-1]) if cu.size else 0
-    return (np.arange(n, dtype=np.int64) - np.repeat(cu[:-1], lens)).astype(np.int32)
+    return (np.arange(n, dtype=np.int64) - np.repeat(cu[:-1], lens)).astype(dtype, copy=False)
+
+
+def identity_index(input_ids, cu_seqlens) -> RadixIndex:
+    """The layout without sharing: one node per token, each sequence owning all of its rows (a
+    batch the trie gate leaves out but that still runs compact, e.g. to use the prefix cache)."""
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    n, b = int(cu[-1]), len(cu) - 1
+    rows = np.arange(n, dtype=np.int32)
+    return RadixIndex(
+        compact_ids=np.asarray(input_ids).astype(np.int32), compact_positions=positions_from_cu_seqlens(cu),
+        gather=rows, scatter=rows, owners=np.arange(b, dtype=np.int32), cu_seqlens_q=cu.astype(np.int32),
+        ratio=1.0,
+    )
 
 
 def _validate(input_ids, position_ids, cu_seqlens):
@@ -143,7 +156,7 @@ def _layout_doubling(sym, lens, cu):
     """(gather, scatter, owned count per sequence) from per-row node ids (prefix doubling)."""
     n = sym.size
     seq = np.repeat(np.arange(lens.size), lens)  # [N] sequence of each row
-    depth = np.arange(n) - np.repeat(cu[:-1], lens)  # [N] index of each row in its sequence
+    depth = positions_from_cu_seqlens(cu, np.int64)  # [N] index of each row in its sequence
     node = _nodes_doubling(sym, depth)
     rows = np.arange(n)
     n_nodes = int(node.max()) + 1

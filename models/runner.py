@@ -29,21 +29,21 @@ from models.batch import ForwardBatch, build_forward_batch
 from models.config import ModelConfig
 from models.linear import pack_linears
 from models.loader import default_device, load_weights, parse_dtype, resolve_model_dir
-from models.pooling import POOLINGS, pool, rerank_logits, token_states
-from models.prefix_cache import BLOCK_TOKENS, DEFAULT_SIZE, PrefixCache, bytes_per_token, capacity_tokens
-from models.qwen3 import Kernels, Qwen3Model
-from models.radix import build_index, positions_from_cu_seqlens
+from models.options import KINDS, POOLINGS, RADIX_ATTENTION, check_radix_mlp_threshold, use_index
+from models.pooling import pool, rerank_logits, token_states
+from models.prefix_cache import (BLOCK_TOKENS, DEFAULT_SIZE, PrefixCache, bytes_per_token, cache_refusal,
+                                 capacity_tokens)
+from models.qwen3 import AttentionOps, Qwen3Model
+from models.radix import RadixIndex, build_index, positions_from_cu_seqlens
 
-KINDS = ("embedding", "reranker")
-RADIX_ATTENTION = ("compact", "paper")
 log = logging.getLogger(__name__)
 _POOLING_KEYS = (("pooling_mode_lasttoken", "last-token"), ("pooling_mode_mean_tokens", "mean"),
                  ("pooling_mode_cls_token", "cls"))
 
 
-def use_index(threshold: float, ratio: float) -> bool:
-    """The trie gate: 0 never (not even built), >= 1 always, else iff N'/N < threshold."""
-    return threshold >= 1.0 or (threshold > 0.0 and ratio < threshold)
+def head_pooling(kind: str, pooling: str) -> str:
+    """The rows the head reads: a reranker scores each sequence's last token whatever `pooling`."""
+    return "last-token" if kind == "reranker" else pooling
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ class Runner:
     default_prompt_name: str | None = None
     yes_id: int | None = None
     no_id: int | None = None
-    radix_threshold: float = 0.95  # the trie gate (see use_index)
+    radix_mlp_threshold: float = 0.95  # the trie gate (models.options.use_index)
     prefix_cache: PrefixCache | None = None  # None: off (size 0, or a mode it cannot serve)
     # {backend: why it is not the one running} (start-up log, /info attention_backend_rejected)
     attention_rejected: dict[str, str] = field(default_factory=dict)
@@ -104,28 +104,29 @@ class Runner:
         if mask.any() and mask.shape != (len(cu_seqlens) - 1,):
             raise ValueError(f"all_tokens has shape {mask.shape}, the batch {len(cu_seqlens) - 1} sequences")
         per_token = bool(mask.any())
-        index, ratio = None, 1.0
-        if self.radix_threshold > 0.0:
+        index: RadixIndex | None = None
+        ratio = 1.0
+        if self.radix_mlp_threshold > 0.0:
             built = build_index(input_ids, positions_from_cu_seqlens(cu_seqlens), cu_seqlens)
             ratio = float(built.ratio)
-            if use_index(self.radix_threshold, ratio):
+            if use_index(self.radix_mlp_threshold, ratio):
                 index = built
         # NOTE: tokens read from the prefix cache have no hidden-state row (only pooled K/V), so a
         # batch with per-token items runs without it. Leaving out only those items' sequences is
         # not enough: a cached node they share with another sequence would still lose its row, and
         # uncaching it would break the cache's prefix-closed layout. Such batches are rare.
-        use_cache = self.cache_usable and not per_token
         forward = build_forward_batch(
             input_ids, cu_seqlens, index, mode=self.radix_attention, device=self.device,
             mean_pooling=self.kind == "embedding" and self.pooling == "mean",
-            cache=self.prefix_cache if use_cache else None,
+            cache=self.prefix_cache if self.cache_usable(all_tokens=per_token) else None,
         )
-        items, rows = (), None
+        items: tuple[int, ...] = ()
+        rows = None
         if per_token:
-            lens = np.diff(np.asarray(cu_seqlens, dtype=np.int64))  # [B]
+            lens: np.ndarray = np.diff(np.asarray(cu_seqlens, dtype=np.int64))  # [B]
             # The model row of every original token: itself without the trie, else its compact row.
-            rows_of = (np.arange(n, dtype=np.int64) if forward.mode == "off"
-                       else np.asarray(index.scatter).astype(np.int64))  # [N]
+            rows_of = (np.asarray(index.scatter).astype(np.int64) if index is not None
+                       else np.arange(n, dtype=np.int64))  # [N]
             picked = rows_of[np.repeat(mask, lens)]  # [sum of the flagged lengths]
             items = tuple(int(i) for i in np.flatnonzero(mask))
             rows = to_device(torch.from_numpy(np.ascontiguousarray(picked)), self.device)
@@ -134,11 +135,12 @@ class Runner:
                              used_index=index is not None, computed_tokens=forward.computed_tokens,
                              token_items=items, token_rows=rows)
 
-    @property
-    def cache_usable(self) -> bool:
-        """The prefix cache serves compact attention with last-token outputs only (a copy of the
+    def cache_usable(self, *, all_tokens: bool = False) -> bool:
+        """Whether a batch of this runner uses its prefix cache (`cache_refusal`; a copy of the
         runner with another mode or pooling, `dataclasses.replace`, keeps the pool but not its use)."""
-        return self.radix_attention == "compact" and (self.kind == "reranker" or self.pooling == "last-token")
+        refused = cache_refusal(radix_attention=self.radix_attention,
+                                pooling=head_pooling(self.kind, self.pooling), all_tokens=all_tokens)
+        return self.prefix_cache is not None and refused is None
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Differentiable pooled output on the device: [B, E] embeddings or [B] raw scores."""
@@ -147,6 +149,7 @@ class Runner:
 
     def _head(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         if self.kind == "reranker":
+            assert self.yes_id is not None and self.no_id is not None  # load_runner sets both
             return rerank_logits(self.model, hidden, batch, yes_id=self.yes_id, no_id=self.no_id)
         return pool(self.model, hidden, batch, self.pooling)
 
@@ -154,6 +157,7 @@ class Runner:
         """CPU float32: [B, E] pooled embeddings (not normalised) or [B] raw reranker scores; with
         all_tokens items a list of B outputs, [L, E] final states for those items."""
         batch = prepared.forward
+        out: torch.Tensor | list
         try:
             with torch.inference_mode():
                 if batch.num_seqs == 0:
@@ -173,6 +177,7 @@ class Runner:
 
     def _run_tokens(self, prepared: PreparedBatch) -> list:
         batch = prepared.forward
+        assert prepared.token_rows is not None  # prepare sets it with token_items
         hidden = self.model(batch.input_ids, batch.positions, batch)  # [T, E]
         pooled = self._head(hidden, batch).float().cpu().numpy()  # [B, E] or [B]
         states = token_states(self.model, hidden, prepared.token_rows).float().cpu().numpy()  # [M, E]
@@ -221,7 +226,7 @@ def _token_id(tok: Tokenizer, word: str) -> int:
 
 def load_runner(model_id: str, *, revision: str | None = None, device=None, dtype=None,
                 radix_attention: str = "compact", pooling: str | None = None,
-                kind: str | None = None, radix_threshold: float = 0.95,
+                kind: str | None = None, radix_mlp_threshold: float = 0.95,
                 prefix_cache_size: str | int = DEFAULT_SIZE, cpu_packed_weights: bool = True,
                 keep_dense_weights: bool = True) -> Runner:
     """Resolve, load and wire up a model for serving (see docs/architecture.md).
@@ -231,8 +236,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     on a CPU in float32 (models/linear.py); keep_dense_weights=False then frees the dense copies
     (serving: one copy in memory; gradients no longer reach the linear weights).
     """
-    if not radix_threshold >= 0.0:  # NOTE: also refuses NaN
-        raise ValueError(f"radix_threshold must be >= 0, got {radix_threshold!r}")
+    radix_mlp_threshold = check_radix_mlp_threshold(radix_mlp_threshold)
     if radix_attention not in RADIX_ATTENTION:
         raise ValueError(f"radix_attention must be one of {RADIX_ATTENTION}, got {radix_attention!r}")
     if pooling is not None and pooling not in POOLINGS:
@@ -252,9 +256,9 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     log.info("attention backend %s on %s %s; not used: %s", backend.name, device,
              str(dtype).replace("torch.", ""),
              "; ".join(f"{k} ({v})" for k, v in backend.rejected.items()) or "none")
-    ker = Kernels(backend, kernels.get_gather_rows(device), kernels.get_gather_rows_pair(device))
+    ops = AttentionOps(backend, kernels.get_gather_rows(device), kernels.get_gather_rows_pair(device))
     with torch.device("meta"):
-        model = Qwen3Model(cfg, ker, rope_device=device, lm_head=kind == "reranker")
+        model = Qwen3Model(cfg, ops, rope_device=device, lm_head=kind == "reranker")
     load_weights(model, model_dir, device=device, dtype=dtype)
     model.eval()
     linear = _pack(model, device=device, dtype=dtype, wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
@@ -264,7 +268,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     if kind == "reranker":
         yes_id, no_id = _token_id(tokenizer, "yes"), _token_id(tokenizer, "no")
     pooling = pooling or detect_pooling(model_dir)
-    prefix_cache = _prefix_cache(cfg, prefix_cache_size, kind=kind, pooling=pooling,
+    prefix_cache = _prefix_cache(cfg, prefix_cache_size, head_pooling=head_pooling(kind, pooling),
                                  radix_attention=radix_attention, device=device, dtype=dtype)
     max_positions = cfg.max_position_embeddings
     if cfg.sliding_window is not None:  # beyond the window our full causal attention is wrong
@@ -275,7 +279,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         radix_attention=radix_attention, attention_backend=backend.name,
         kernels=kernels.describe(device), max_positions=max_positions,
         hidden_size=cfg.hidden_size, prompts=prompts, default_prompt_name=default_prompt_name,
-        yes_id=yes_id, no_id=no_id, radix_threshold=float(radix_threshold), prefix_cache=prefix_cache,
+        yes_id=yes_id, no_id=no_id, radix_mlp_threshold=radix_mlp_threshold, prefix_cache=prefix_cache,
         attention_rejected=dict(backend.rejected), linear=linear,
     )
     warm_up(runner)
@@ -320,7 +324,7 @@ def warm_up(runner: Runner) -> float:
     return runner.warmup_ms
 
 
-def _prefix_cache(cfg: ModelConfig, size, *, kind: str, pooling: str, radix_attention: str,
+def _prefix_cache(cfg: ModelConfig, size, *, head_pooling: str, radix_attention: str,
                   device: torch.device, dtype: torch.dtype) -> PrefixCache | None:
     """The preallocated pool, or None with a start-up line saying why it is off."""
     per_token = bytes_per_token(layers=cfg.num_hidden_layers, kv_heads=cfg.num_key_value_heads,
@@ -329,10 +333,8 @@ def _prefix_cache(cfg: ModelConfig, size, *, kind: str, pooling: str, radix_atte
     reason = None
     if tokens <= 0:
         reason = "size 0"
-    elif radix_attention != "compact":
-        reason = f"radix_attention={radix_attention} (it needs compact attention)"
-    elif kind == "embedding" and pooling != "last-token":
-        reason = f"pooling={pooling} (it reads rows of every token, or the first; cached rows have no hidden state)"
+    elif (refused := cache_refusal(radix_attention=radix_attention, pooling=head_pooling)) is not None:
+        reason = refused
     elif tokens < BLOCK_TOKENS:
         reason = f"size {size!r} is under one {BLOCK_TOKENS}-token block ({per_token} bytes per token)"
     if reason is not None:

@@ -53,7 +53,7 @@ def load_runner(config: ServerConfig) -> ServedRunner:
         dtype=config.dtype,
         radix_attention=config.radix_attention,
         pooling=config.pooling,
-        radix_threshold=config.radix_mlp_threshold,
+        radix_mlp_threshold=config.radix_mlp_threshold,
         prefix_cache_size=config.prefix_cache_size,
         cpu_packed_weights=config.cpu_packed_weights,
         keep_dense_weights=False,  # serving needs no gradients: one copy of the weights
@@ -65,8 +65,8 @@ def build_scheduler(config: ServerConfig, runner: ServedRunner, metrics: Metrics
     from scheduler import Scheduler
     from scheduler.forming import PrefixPolicy
 
-    if runner.radix_threshold != config.radix_mlp_threshold:  # an injected runner follows the config
-        runner = dataclasses.replace(runner, radix_threshold=config.radix_mlp_threshold)  # type: ignore[type-var]
+    if runner.radix_mlp_threshold != config.radix_mlp_threshold:  # an injected runner follows the config
+        runner = dataclasses.replace(runner, radix_mlp_threshold=config.radix_mlp_threshold)
     return Scheduler(
         runner,
         max_batch_tokens=config.max_batch_tokens,

@@ -21,6 +21,8 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Mapping
 
+from models.options import POOLINGS, RADIX_ATTENTION, check_radix_mlp_threshold
+
 DEFAULT_MODEL_ID = "Qwen/Qwen3-Embedding-0.6B"
 
 # Values that mean "no key" to a human. An API key that looks like one of them is refused at start:
@@ -62,13 +64,13 @@ class ServerConfig:
     tokenization_workers: int | None = option(
         None, "threads that tokenize requests (default: CPU cores - 1, at least 2, at most 64)", minimum=1)
     radix_mlp_threshold: float = option(0.95, "use the prefix trie iff compact/original < threshold; 1 always; 0 never")
-    radix_attention: str = option("compact", "attention over the compact rows", choices=("compact", "paper"))
+    radix_attention: str = option("compact", "attention over the compact rows", choices=RADIX_ATTENTION)
     batching_policy: str = option(
         "fifo", "fifo, or prefix: form batches from requests that share prefixes (with aging)",
         choices=("fifo", "prefix"))
     batching_max_wait_ms: float = option(500.0, "prefix policy: a request waiting this long goes first", minimum=0)
     batching_max_skips: int = option(2, "prefix policy: a request passed over this many times goes first", minimum=0)
-    pooling: str | None = option(None, "default: from the checkpoint", choices=("last-token", "mean", "cls"))
+    pooling: str | None = option(None, "default: from the checkpoint", choices=POOLINGS)
     default_prompt_name: str | None = option(None, "embedding prompt name (a key of the model's prompts)")
     default_prompt: str | None = option(None, "embedding prompt text prepended to every input")
     api_key: str | None = option(None, "require 'Authorization: Bearer KEY' on inference routes (unset: no auth)",
@@ -114,8 +116,7 @@ class ServerConfig:
             raise ValueError("give --default-prompt-name or --default-prompt, not both")
         if self.hf_token is not None and self.hf_api_token is not None:
             raise ValueError("give --hf-token or the deprecated --hf-api-token, not both")
-        if not 0.0 <= self.radix_mlp_threshold <= 1.0:
-            raise ValueError("--radix-mlp-threshold must lie in [0, 1]")
+        check_radix_mlp_threshold(self.radix_mlp_threshold, flag_name("radix_mlp_threshold"))
         if self.api_key is not None and self.api_key.strip().lower() in _NO_KEY:
             raise ValueError(
                 f"refusing --api-key/API_KEY {self.api_key!r}: it looks like 'no key'. To run without "

@@ -89,7 +89,7 @@ def drive(runner) -> None:
 def test_the_real_runner_and_its_prepared_batch_satisfy_the_contract(tiny_embedding_dir):
     import models
 
-    runner = models.load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32", radix_threshold=1.0)
+    runner = models.load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32", radix_mlp_threshold=1.0)
     drive(runner)
     prepared = runner.prepare(IDS, CU)  # threshold 1 keeps the trie: the shared 3 tokens run once
     assert prepared.ratio == pytest.approx(6 / 9) and prepared.n_compact <= 6

@@ -124,7 +124,7 @@ def _runner(model_dir, *, mode="compact", dtype=torch.bfloat16, device="cuda"):
 def _outputs(runner, ids, cu, *, radix: bool):
     import dataclasses
 
-    gated = dataclasses.replace(runner, radix_threshold=1.0 if radix else 0.0)
+    gated = dataclasses.replace(runner, radix_mlp_threshold=1.0 if radix else 0.0)
     return runner.run(gated.prepare(ids, cu)).double()
 
 
@@ -178,7 +178,7 @@ def test_model_forward_has_no_host_sync(gpu_fixture_dirs, mode, gather_impl, dty
     assert runner.kernels.startswith("cuda gather kernel") == (gather_impl == "cuda")
     ids, cu = _batch(seed=1)
     for radix in (False, True):
-        gated = dataclasses.replace(runner, radix_threshold=1.0 if radix else 0.0)
+        gated = dataclasses.replace(runner, radix_mlp_threshold=1.0 if radix else 0.0)
         batch = gated.prepare(ids, cu).forward
         with torch.inference_mode():
             runner.model(batch.input_ids, batch.positions, batch)  # warm-up: handles, caches
@@ -203,7 +203,7 @@ def test_fused_model_bf16_vs_transformers_on_cuda(gpu_fixture_dirs, mode):
 
     model_dir = gpu_fixture_dirs["embedding"]
     runner = _runner(model_dir, mode=mode if mode != "off" else "compact")
-    runner = dataclasses.replace(runner, radix_threshold=0.0 if mode == "off" else 1.0)
+    runner = dataclasses.replace(runner, radix_mlp_threshold=0.0 if mode == "off" else 1.0)
     ids, cu = _batch(seed=2)
     ours = runner.run(runner.prepare(ids, cu)).double()
     seqs = [ids[a:b].tolist() for a, b in zip(cu[:-1], cu[1:])]

@@ -186,7 +186,7 @@ def test_runner_prepare_run_contract(embedding):
     runner, oracle = embedding
     seqs = CASES["complex"]
     ids, cu = _pack(seqs)
-    out = runner.run(dataclasses.replace(runner, radix_threshold=1.0).prepare(ids, cu))
+    out = runner.run(dataclasses.replace(runner, radix_mlp_threshold=1.0).prepare(ids, cu))
     assert out.dtype == torch.float32 and out.device.type == "cpu" and out.shape == (4, 64)
     assert (out - oracle.embed(seqs, "last-token")).abs().max().item() < TOL
     cls = _ours(runner, seqs, "compact", pooling="cls")
@@ -235,7 +235,7 @@ def test_device_boundaries_drive_a_varlen_kernel_exactly(embedding, monkeypatch,
     """What the GPU backends read (device cu_seqlens, max_seqlen) is right in every mode."""
     runner, oracle = embedding
     calls: list = []
-    kernels_obj = runner.model.layers[0].self_attn.kernels  # shared by every layer
+    kernels_obj = runner.model.layers[0].self_attn.ops  # shared by every layer
     monkeypatch.setattr(kernels_obj, "attention", _varlen_contract_attention(calls))
     for case in ("complex", "strict-prefix-after", "one-token", "64-share-200"):
         seqs = CASES[case]

@@ -31,7 +31,7 @@ def padded_embedding(tiny_embedding_dir):
 @pytest.fixture
 def padded_runner(padded_embedding, monkeypatch):
     runner, oracle = padded_embedding
-    kernels = runner.model.layers[0].self_attn.kernels  # one object shared by every layer
+    kernels = runner.model.layers[0].self_attn.ops  # one object shared by every layer
     calls = []
 
     def counted(q, k, v, meta, *, scale):
@@ -63,7 +63,7 @@ def test_padded_attention_model_matches_transformers(padded_runner, case, mode):
 def test_padded_attention_gradients_match_the_per_run_path(padded_runner):
     """Training-compatible: gradients through the padded path equal those of the per-run path."""
     runner, _, _ = padded_runner
-    model, kernels = runner.model, runner.model.layers[0].self_attn.kernels
+    model, kernels = runner.model, runner.model.layers[0].self_attn.ops
     ids, cu = _pack(CASES["complex"])
     index = build_index(ids, positions_from_cu_seqlens(cu), cu)
     batch = build_forward_batch(ids, cu, index, mode="compact")

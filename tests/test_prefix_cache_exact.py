@@ -51,7 +51,7 @@ def _reference(off, seqs):
 def _prepare(runner, seqs, use_index):
     """The runner's PreparedBatch with the trie forced on (threshold 1) or never built (0)."""
     ids, cu = _pack(seqs)
-    gated = dataclasses.replace(runner, radix_threshold=1.0 if use_index else 0.0)
+    gated = dataclasses.replace(runner, radix_mlp_threshold=1.0 if use_index else 0.0)
     return gated.prepare(ids, cu)
 
 
@@ -243,7 +243,7 @@ def test_concurrent_requests_through_the_scheduler(tiny_reranker_dir, reranker_o
     from scheduler import Scheduler
 
     on = load_runner(str(tiny_reranker_dir), device="cpu", dtype="float32", prefix_cache_size="160tokens",
-                     radix_threshold=0.95)
+                     radix_mlp_threshold=0.95)
     rng = np.random.default_rng(7)
     reqs = [[seqs[0]] for seqs, _ in _random_batches(rng, 24)]
 

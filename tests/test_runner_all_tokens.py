@@ -31,7 +31,7 @@ def _pack(seqs):
 
 @pytest.fixture(scope="module")
 def runner(tiny_embedding_dir):
-    return load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32", radix_threshold=1.0,
+    return load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32", radix_mlp_threshold=1.0,
                        prefix_cache_size="4096tokens")
 
 
@@ -52,7 +52,7 @@ def test_flagged_items_answer_every_token_and_skip_the_cache(runner, hf_model, m
     tok = runner.tokenizer
     seqs = [tok.encode(PREFIX + t).ids for t in (" and barks", " and purrs", " and sings loudly")]
     assert min(map(len, seqs)) > 2 * 16  # spans whole cache blocks
-    r = dataclasses.replace(runner, radix_threshold=0.0) if mode == "off" else (
+    r = dataclasses.replace(runner, radix_mlp_threshold=0.0) if mode == "off" else (
         dataclasses.replace(runner, radix_attention=mode) if mode == "paper" else runner)
     warm = runner.prepare(*_pack(seqs[:1]))
     runner.run(warm)  # commits the shared prefix's blocks to the pool

@@ -80,7 +80,7 @@ def test_prefix_policy_improves_compression_over_fifo():
 def test_scheduled_results_match_direct_runner(tiny_embedding_dir):
     import models
 
-    runner = models.load_runner(str(tiny_embedding_dir), device="cpu", radix_threshold=1.0)
+    runner = models.load_runner(str(tiny_embedding_dir), device="cpu", radix_mlp_threshold=1.0)
     reqs = [[[11, 12, 13, 14, 15], [11, 12, 13, 99]], [[11, 12, 7]], [[40, 41, 42, 43, 44, 45]]]
 
     async def go(sched):
@@ -100,7 +100,7 @@ def test_runner_prepare_builds_and_gates_the_trie(tiny_embedding_dir, threshold,
 
     # NOTE: no prefix cache: with one, a batch the gate keeps off the trie still runs in compact
     # mode (one node per token) so that it can read and write the pool.
-    runner = models.load_runner(str(tiny_embedding_dir), device="cpu", radix_threshold=threshold,
+    runner = models.load_runner(str(tiny_embedding_dir), device="cpu", radix_mlp_threshold=threshold,
                                 prefix_cache_size=0)
     built = []
     monkeypatch.setattr(runner_module, "build_index", lambda *a: built.append(build_index(*a)) or built[-1])
@@ -122,7 +122,7 @@ def test_runner_prepare_builds_and_gates_the_trie(tiny_embedding_dir, threshold,
         assert p.forward.mode == ("compact" if p.used_index else "off")
         assert p.forward.num_rows == p.n_compact
     with pytest.raises(ValueError):
-        models.load_runner(str(tiny_embedding_dir), device="cpu", radix_threshold=-0.1)
+        models.load_runner(str(tiny_embedding_dir), device="cpu", radix_mlp_threshold=-0.1)
 
 
 def test_policy_gauge_names_the_policy_in_use():

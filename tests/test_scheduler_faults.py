@@ -100,7 +100,7 @@ def test_index_fault_in_the_real_runner_fails_only_its_batch(tiny_embedding_dir,
     import models
     from models import runner as runner_module
 
-    runner = models.load_runner(str(tiny_embedding_dir), device="cpu", radix_threshold=1.0)
+    runner = models.load_runner(str(tiny_embedding_dir), device="cpu", radix_mlp_threshold=1.0)
     real = runner_module.build_index
 
     def build_index(input_ids, positions, cu_seqlens):

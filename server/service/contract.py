@@ -31,7 +31,7 @@ class ServedRunner(ModelRunner, Protocol):
     hidden_size: int
     prompts: dict[str, str]
     default_prompt_name: str | None
-    radix_threshold: float
+    radix_mlp_threshold: float
     prefix_cache: Any  # None when off; else what ``Metrics.watch_prefix_cache`` reads
 
 

@@ -1,4 +1,4 @@
-"""Cross-batch prefix cache: per-layer K/V rows of token blocks that earlier batches computed.
+"""The prefix cache's block index and pool: which token blocks are cached, and their K/V rows.
 
 Structure: a persistent radix tree whose edges are fixed blocks of `block` tokens (16), keyed
 exactly by (parent block id, the block's token ids as bytes). A dict lookup compares that key in
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from models.prefix_cache_size import DEFAULT_SIZE, bytes_per_token, capacity_tokens  # noqa: F401 (re-exported)
+from models.prefix_cache.size import bytes_per_token
 
 BLOCK_TOKENS = 16
 
@@ -68,7 +68,7 @@ class Lease:
     write_lens: np.ndarray  # [W] int64 rows written of each block: block, or t for a tail block
     pinned: list[_Block] = field(default_factory=list)
     pending: list[_Block] = field(default_factory=list)
-    hits: int = 0  # tokens read from the cache, set by the batch builder
+    hits: int = 0  # tokens read from the cache, set by layout.plan_batch
     misses: int = 0
     done: bool = False
 

@@ -1,0 +1,120 @@
+"""One batch's plan against the prefix cache: may it use the cache, and which of its rows the pool
+serves and which it writes.
+
+Invariant: `plan_batch` is the batch's one entry into the cache. It walks the input_ids once
+(`PrefixCache.plan`: look-up, pins, the blocks to write) and turns the lease into host index
+arrays over the batch's trie nodes; whatever fails after the look-up gives the lease back.
+A node is read from the pool iff its depth < max m(s) over the sequences s through it, m(s) the
+tokens of s the cache holds capped below every pooled row on its path: that set is prefix-closed
+along every path, so each owner's computed nodes stay a suffix of its block and compact
+attention's bottom-right alignment stays exact.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from models.attention import to_device
+from models.prefix_cache.index import Lease, PrefixCache
+from models.prefix_cache.io import CacheIO
+from models.radix import RadixIndex, positions_from_cu_seqlens
+
+
+def cache_refusal(*, radix_attention: str, pooling: str, all_tokens: bool = False) -> str | None:
+    """Why a batch may not use the prefix cache, or None when it may: the one eligibility rule.
+
+    Cached tokens have K/V rows in the pool but no hidden state, so the cache serves compact
+    attention whose head reads each sequence's last row only. `pooling` is the row the head reads
+    ("last-token" for a reranker); `all_tokens`: some item answers every token's state.
+    """
+    if radix_attention != "compact":
+        return f"radix_attention={radix_attention} (it needs compact attention)"
+    if pooling != "last-token":
+        return (f"pooling={pooling} (it reads rows of every token, or the first; cached rows have "
+                "no hidden state)")
+    if all_tokens:
+        return "all_tokens items (they read every token's state; cached rows have none)"
+    return None
+
+
+@dataclass(frozen=True)
+class CachePlan:
+    """The pool's part of one compact batch, host side, plus the device reads/writes (`io`)."""
+
+    io: CacheIO  # holds the lease: commit after the forward, abort otherwise
+    cached: np.ndarray  # [N'] bool trie nodes read from the pool instead of computed
+    src_of_row: np.ndarray  # [N] int64 row of each original row in [pool rows read | new rows]
+    n_read: int  # P, pool rows read
+    hits: np.ndarray  # [B] int64 tokens of each sequence read from the pool
+
+
+def plan_batch(cache: PrefixCache, ids: np.ndarray, cu: np.ndarray, index: RadixIndex,
+               device: torch.device) -> CachePlan:
+    """Look the batch up (pinning what it reads) and lay out its pool reads and writes.
+
+    ids [N] int64, cu [B+1] int64 (checked by the caller); index: the batch's trie, or
+    `identity_index` (one node per token) when the trie gate left it out.
+    """
+    lease = cache.plan(ids, cu)
+    try:
+        return _layout(cache, lease, cu, index, device)
+    except BaseException:
+        cache.abort(lease)
+        raise
+
+
+def _layout(cache: PrefixCache, lease: Lease, cu: np.ndarray, index: RadixIndex,
+            device: torch.device) -> CachePlan:
+    lens = np.diff(cu)
+    n, b = int(cu[-1]), len(lens)
+    depth = positions_from_cu_seqlens(cu, np.int64)  # [N]
+    seq = np.repeat(np.arange(b, dtype=np.int64), lens)  # [N]
+    node_pos = np.asarray(index.compact_positions).astype(np.int64)  # [N']
+    rows_of = np.asarray(index.scatter).astype(np.int64)  # [N] node of each original row
+    n_nodes = len(node_pos)
+    is_last = np.zeros(n_nodes, dtype=bool)
+    is_last[rows_of[cu[1:] - 1]] = True
+    # [B] shallowest depth on each path whose node is a pooled row (its own last token at most)
+    cap = np.minimum.reduceat(np.where(is_last[rows_of], depth, n), cu[:-1]) if b else lens
+    m = np.minimum(lease.matched, cap)  # [B]
+    readable = depth < m[seq]  # [N] rows whose K/V this batch may take from the pool
+    reach = np.zeros(n_nodes, dtype=np.int64)
+    np.maximum.at(reach, rows_of, m[seq])
+    cached = node_pos < reach  # [N'] nodes read from the pool, prefix-closed along every path
+    pool_row = np.full(n_nodes, -1, dtype=np.int64)
+    # row (s, d) with d < m(s) <= matched(s) sits at read_rows[offset(s) + d]
+    offset = np.concatenate([[0], np.cumsum(lease.matched)[:-1]])
+    pool_row[rows_of[readable]] = lease.read_rows[offset[seq[readable]] + depth[readable]]
+    keep = ~cached
+    n_read, n_new = int(cached.sum()), int(keep.sum())
+    src = np.empty(n_nodes, dtype=np.int64)  # [N'] row of each node in [pool rows read | new rows]
+    src[cached] = np.arange(n_read)
+    src[keep] = n_read + np.arange(n_new)
+    src_of_row = src[rows_of]  # [N]
+    # written rows, block by block: write_lens[w] rows (block, or t for a tail) from original row
+    # write_starts[w] into slot write_slots[w]: original row -> source row, pool slot -> pool row
+    lens_w = lease.write_lens
+    within = np.arange(int(lens_w.sum())) - np.repeat(np.cumsum(lens_w) - lens_w, lens_w)  # [sum lens]
+    rows_w = np.repeat(lease.write_starts, lens_w) + within
+    dst_w = np.repeat(lease.write_slots * cache.block, lens_w) + within
+    hits = _segment_sum(cached[rows_of].astype(np.int64), cu)  # [B]
+    lease.hits, lease.misses = int(hits.sum()), n - int(hits.sum())
+
+    def dev(a: np.ndarray) -> Tensor:
+        return to_device(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)), device)
+
+    io = CacheIO(cache=cache, lease=lease, read_rows=dev(pool_row[cached]) if n_read else None,
+                 write_rows=dev(dst_w) if dst_w.size else None,
+                 write_src=dev(src_of_row[rows_w]) if dst_w.size else None)
+    # A batch dropped before it ran (or never settled) gives its pins and pending rows back.
+    weakref.finalize(io, cache.abort, lease)
+    return CachePlan(io=io, cached=cached, src_of_row=src_of_row, n_read=n_read, hits=hits)
+
+
+def _segment_sum(values: np.ndarray, cu: np.ndarray) -> np.ndarray:
+    """[B] sum of values over each sequence's rows (every sequence has >= 1 row)."""
+    return np.add.reduceat(values, cu[:-1]) if len(cu) > 1 else np.zeros(0, values.dtype)
