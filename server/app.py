@@ -66,7 +66,7 @@ def build_scheduler(config: ServerConfig, runner: ServedRunner, metrics: Metrics
     from scheduler.forming import PrefixPolicy
 
     if runner.radix_mlp_threshold != config.radix_mlp_threshold:  # an injected runner follows the config
-        runner = dataclasses.replace(runner, radix_mlp_threshold=config.radix_mlp_threshold)
+        runner = dataclasses.replace(runner, radix_mlp_threshold=config.radix_mlp_threshold)  # type: ignore[type-var]  # ServedRunner is a Protocol; the real one is a dataclass
     return Scheduler(
         runner,
         max_batch_tokens=config.max_batch_tokens,
