@@ -1,0 +1,252 @@
+"""The checked-in HAProxy router (deploy/haproxy/) in front of three real radixserve replicas.
+
+Runs the `haproxy` binary on loopback with the config that deploy/haproxy/render.sh makes from
+the checked-in template, over three `python -m server.cli` processes on the tiny reranker. Shows:
+requests that share a prefix (the rerank query, or an X-Prefix-Key header) land on one replica,
+read from the replicas' own /metrics; a replica SIGKILLed under load loses no client request (every
+answer is a 200, or a 503/429 with Retry-After); the dead replica's keys move and the others' stay;
+a restarted replica takes its keys back once its /health is 200. All traffic stays on 127.0.0.1.
+"""
+from __future__ import annotations
+
+import csv
+import io
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from server.testing import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+RENDER = ROOT / "deploy" / "haproxy" / "render.sh"
+HAPROXY = shutil.which("haproxy")
+
+pytestmark = pytest.mark.skipif(
+    HAPROXY is None, reason="haproxy is not installed (Debian: apt-get install haproxy; .ci/run tries it)")
+
+QUERIES = [f"query {i}: which passage explains topic {i * 7 % 13}?" for i in range(12)]
+DOCS = ["a passage about rivers", "a passage about mountains", "a passage about trains"]
+
+
+class Replica:
+    """A radixserve process on a fixed loopback port (so a restart comes back at the same address)."""
+
+    def __init__(self, model_dir, port: int, log_path: Path) -> None:
+        self.model_dir, self.port, self.log_path = model_dir, port, log_path
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        for key in ("API_KEY", "HOSTNAME", "PORT", "RADIXSERVE_TEST_FAULT"):
+            env.pop(key, None)
+        cmd = [sys.executable, "-m", "server.cli", "--model-id", str(self.model_dir), "--hostname", "127.0.0.1",
+               "-p", str(self.port), "--max-batch-tokens", "512"]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(self.url + "/health", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def wait_healthy(self, timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        while not self.healthy():
+            assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, f"replica {self.url} did not come up"
+            time.sleep(0.1)
+
+    def requests_served(self) -> float:
+        """te_request_count summed over its labels, read from this replica's own /metrics."""
+        text = httpx.get(self.url + "/metrics", timeout=5).text
+        return sum(s.value for fam in text_string_to_metric_families(text) if fam.name == "te_request_count"
+                   for s in fam.samples if s.name.endswith("_total") or s.name == "te_request_count")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+
+class Router:
+    """haproxy -f (render.sh replicas...) on two free loopback ports: traffic and stats."""
+
+    def __init__(self, replicas: list[Replica], tmp: Path) -> None:
+        config = subprocess.run(["sh", str(RENDER), *(f"127.0.0.1:{r.port}" for r in replicas)],
+                                check=True, capture_output=True, text=True).stdout
+        self.config = tmp / "haproxy.cfg"
+        self.config.write_text(config)
+        self.port, self.stats_port = free_port(), free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ, RADIXSERVE_ROUTER_BIND=f"127.0.0.1:{self.port}",
+                   RADIXSERVE_ROUTER_STATS_BIND=f"127.0.0.1:{self.stats_port}")
+        env.pop("RADIXSERVE_REPLICAS_DNS", None)
+        check = subprocess.run([HAPROXY, "-c", "-f", str(self.config)], env=env, capture_output=True, text=True)
+        assert check.returncode == 0, check.stdout + check.stderr
+        self.log = open(tmp / "haproxy.log", "wb")
+        self.proc = subprocess.Popen([HAPROXY, "-db", "-f", str(self.config)], env=env, stdout=self.log,
+                                     stderr=subprocess.STDOUT)
+
+    def stats(self) -> dict[str, dict]:
+        """The stats page's CSV rows of backend `radixserve`, by server name (and BACKEND)."""
+        text = httpx.get(f"http://127.0.0.1:{self.stats_port}/stats;csv", timeout=5).text
+        rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
+        return {row["svname"]: row for row in rows if row["pxname"] == "radixserve"}
+
+    def wait_status(self, want: dict[str, str], timeout: float = 20) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                status = {name: row["status"] for name, row in self.stats().items()}
+            except httpx.TransportError:
+                status = {}
+            if all(status.get(name, "").startswith(s) for name, s in want.items()):
+                return
+            assert self.proc.poll() is None, "haproxy exited"
+            assert time.monotonic() < deadline, f"router status {status}, want {want}"
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(timeout=10)
+        self.log.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_reranker_dir, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("router")
+    replicas = [Replica(tiny_reranker_dir, free_port(), tmp / f"r{i + 1}.log") for i in range(3)]
+    router = None
+    try:
+        for r in replicas:
+            r.start()
+        for r in replicas:
+            r.wait_healthy()
+        router = Router(replicas, tmp)
+        router.wait_status({"r1": "UP", "r2": "UP", "r3": "UP"})
+        yield router, replicas
+    finally:
+        if router is not None:
+            router.stop()
+        for r in replicas:
+            r.kill()
+
+
+def rerank(client: httpx.Client, url: str, query: str, *, doc: int = 0, headers: dict | None = None) -> httpx.Response:
+    texts = [DOCS[doc % len(DOCS)], DOCS[(doc + 1) % len(DOCS)]]
+    return client.post(url + "/rerank", json={"query": query, "texts": texts}, headers=headers or {}, timeout=60)
+
+
+def placement(router: Router, queries: list[str]) -> dict[str, str]:
+    """query -> the replica that answered it (the router's X-Radixserve-Replica header)."""
+    out = {}
+    with httpx.Client() as client:
+        for q in queries:
+            r = rerank(client, router.url, q)
+            assert r.status_code == 200, r.text
+            out[q] = r.headers["x-radixserve-replica"]
+    return out
+
+
+def test_a_shared_prefix_lands_on_one_replica(cluster):
+    router, replicas = cluster
+    names = {f"r{i + 1}": r for i, r in enumerate(replicas)}
+    first = placement(router, QUERIES)
+    assert len(set(first.values())) >= 2, f"12 queries all hashed to one replica: {first}"
+    with httpx.Client() as client:
+        for q in QUERIES[:4]:
+            before = {n: r.requests_served() for n, r in names.items()}
+            for doc in range(5):  # five requests that share the query, each with other passages
+                r = rerank(client, router.url, q, doc=doc)
+                assert r.status_code == 200 and len(r.json()) == 2, r.text
+            after = {n: r.requests_served() for n, r in names.items()}
+            served = {n: after[n] - before[n] for n in names}
+            assert served == {n: (5.0 if n == first[q] else 0.0) for n in names}, (q, served)
+        # The header wins over the body: one header value, different queries, one replica.
+        landed = {rerank(client, router.url, q, headers={"X-Prefix-Key": "tenant-7"}).headers["x-radixserve-replica"]
+                  for q in QUERIES}
+        assert len(landed) == 1
+    # Key order in the JSON body does not matter.
+    with httpx.Client() as client:
+        for q in QUERIES[:4]:
+            body = '{"texts": ["x", "y"], "query": %s}' % httpx.Request("GET", "/", json=q).content.decode()
+            r = client.post(router.url + "/rerank", content=body, headers={"content-type": "application/json"})
+            assert r.status_code == 200 and r.headers["x-radixserve-replica"] == first[q]
+
+
+def _load(url: str, queries: list[str], stop: threading.Event, answers: list, errors: list) -> None:
+    with httpx.Client() as client:
+        i = 0
+        while not stop.is_set():
+            q = queries[i % len(queries)]
+            try:
+                r = rerank(client, url, q, doc=i)
+                answers.append((q, r.status_code, r.headers.get("retry-after"), len(r.json()) if r.status_code == 200 else None))
+            except (httpx.HTTPError, ValueError) as exc:
+                errors.append(repr(exc))
+            i += 1
+
+
+def test_bcd_sigkill_loses_nothing_keys_move_and_come_back(cluster):
+    router, replicas = cluster
+    before = placement(router, QUERIES)
+    by_replica = {name: [q for q, n in before.items() if n == name] for name in ("r1", "r2", "r3")}
+    victim_name = max(by_replica, key=lambda n: len(by_replica[n]))
+    victim = replicas[int(victim_name[1:]) - 1]
+    assert by_replica[victim_name], before
+
+    stop, answers, errors = threading.Event(), [], []
+    workers = [threading.Thread(target=_load, args=(router.url, QUERIES[k::4], stop, answers, errors)) for k in range(4)]
+    retries_before = int(router.stats()["BACKEND"]["wretr"] or 0) + int(router.stats()["BACKEND"]["wredis"] or 0)
+    for w in workers:
+        w.start()
+    try:
+        time.sleep(1.5)
+        sent_before_kill = len(answers)
+        victim.kill()  # SIGKILL: no drain, in-flight connections are reset
+        with httpx.Client() as client:  # the victim's keys at once, before any health check notices
+            for q in by_replica[victim_name]:
+                answers.append((q, (r := rerank(client, router.url, q)).status_code, r.headers.get("retry-after"), 2))
+        router.wait_status({victim_name: "DOWN"})
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(timeout=60)
+    # (b) nothing lost: every request got an answer, and every answer is a 200 or a refusal to retry.
+    assert not errors, errors[:5]
+    assert len(answers) > sent_before_kill > 0
+    for q, status, retry_after, n in answers:
+        assert status == 200 and n == 2 or status in (429, 503) and retry_after, (q, status)
+    retries = int(router.stats()["BACKEND"]["wretr"] or 0) + int(router.stats()["BACKEND"]["wredis"] or 0)
+    assert retries > retries_before, "the kill never hit a request: the retry path was not exercised"
+
+    # (c) the dead replica's keys move to the others; every other key stays where it was.
+    during = placement(router, QUERIES)
+    for q in QUERIES:
+        if before[q] == victim_name:
+            assert during[q] != victim_name
+        else:
+            assert during[q] == before[q], (q, before[q], during[q])
+
+    # (d) restarted at the same address: no traffic until its /health is 200, then its keys return.
+    victim.start()
+    while not victim.healthy():
+        assert router.stats()[victim_name]["status"].startswith("DOWN")
+        assert victim_name not in placement(router, by_replica[victim_name][:1]).values()
+        assert victim.proc.poll() is None, victim.log_path.read_text()[-3000:]
+        time.sleep(0.2)
+    router.wait_status({victim_name: "UP"})
+    assert placement(router, QUERIES) == before
