@@ -250,3 +250,23 @@ def test_bcd_sigkill_loses_nothing_keys_move_and_come_back(cluster):
         time.sleep(0.2)
     router.wait_status({victim_name: "UP"})
     assert placement(router, QUERIES) == before
+
+
+@pytest.mark.parametrize("where", ["docker-compose.yml", "deploy/kubernetes/router-haproxy.yaml"])
+def test_dns_variant_of_the_config_is_valid(where, tmp_path):
+    """Compose and Kubernetes run the same file with replicas from DNS: `haproxy -c` accepts it with
+    the environment they set, and every variable they set is one the config reads."""
+    yaml = pytest.importorskip("yaml")
+    docs = list(yaml.safe_load_all((ROOT / where).read_text()))
+    if where == "docker-compose.yml":
+        env = {k: str(v) for k, v in docs[0]["services"]["router"]["environment"].items()}
+    else:
+        deployment = next(d for d in docs if d and d["kind"] == "Deployment")
+        env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    config = (ROOT / "deploy" / "haproxy" / "haproxy.cfg").read_text()
+    assert all("${" + name in config for name in env), env
+    env["RADIXSERVE_ROUTER_BIND"] = f"127.0.0.1:{free_port()}"  # -c binds nothing, but keep it loopback
+    env["RADIXSERVE_ROUTER_STATS_BIND"] = f"127.0.0.1:{free_port()}"
+    check = subprocess.run([HAPROXY, "-c", "-f", str(ROOT / "deploy" / "haproxy" / "haproxy.cfg")],
+                           env=dict(os.environ, **env), capture_output=True, text=True)
+    assert check.returncode == 0, check.stdout + check.stderr
