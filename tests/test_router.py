@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import shutil
 import signal
@@ -24,13 +25,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest import cli, compare, scrape
 from server.testing import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 RENDER = ROOT / "deploy" / "haproxy" / "render.sh"
 HAPROXY = shutil.which("haproxy")
 
-pytestmark = pytest.mark.skipif(
+needs_haproxy = pytest.mark.skipif(
     HAPROXY is None, reason="haproxy is not installed (Debian: apt-get install haproxy; .ci/run tries it)")
 
 QUERIES = [f"query {i}: which passage explains topic {i * 7 % 13}?" for i in range(12)]
@@ -160,6 +162,7 @@ def placement(router: Router, queries: list[str]) -> dict[str, str]:
     return out
 
 
+@needs_haproxy
 def test_a_shared_prefix_lands_on_one_replica(cluster):
     router, replicas = cluster
     names = {f"r{i + 1}": r for i, r in enumerate(replicas)}
@@ -186,6 +189,28 @@ def test_a_shared_prefix_lands_on_one_replica(cluster):
             assert r.status_code == 200 and r.headers["x-radixserve-replica"] == first[q]
 
 
+def _tokens(replica: Replica) -> float:
+    text = httpx.get(replica.url + "/metrics", timeout=5).text
+    return scrape.parse(text).tokens_original or 0.0
+
+
+@needs_haproxy
+def test_load_tester_through_the_router_adds_up_the_replicas(cluster, tmp_path):
+    router, replicas = cluster
+    before = [_tokens(r) for r in replicas]
+    spec = f"affinity={router.url}@" + ",".join(r.url for r in replicas)
+    rc = cli.main(["compare", "--target", spec, "--workload", "rerank-pointwise", "--source", "synthetic",
+                   "--queries", "6", "--requests", "24", "--concurrency", "3", "--warmup", "0", "--quiet",
+                   "--out", str(tmp_path)])
+    assert rc == 0
+    report = json.loads((tmp_path / "report.json").read_text())
+    run = report["runs"][0]
+    served = [_tokens(r) - b for r, b in zip(replicas, before)]
+    assert run["requests_ok"] == 24
+    assert run["server"]["tokens_original"] == sum(served) > 0
+    assert sum(1 for x in served if x > 0) >= 2  # six queries: more than one replica took work
+
+
 def _load(url: str, queries: list[str], stop: threading.Event, answers: list, errors: list) -> None:
     with httpx.Client() as client:
         i = 0
@@ -199,6 +224,7 @@ def _load(url: str, queries: list[str], stop: threading.Event, answers: list, er
             i += 1
 
 
+@needs_haproxy
 def test_bcd_sigkill_loses_nothing_keys_move_and_come_back(cluster):
     router, replicas = cluster
     before = placement(router, QUERIES)
@@ -252,6 +278,7 @@ def test_bcd_sigkill_loses_nothing_keys_move_and_come_back(cluster):
     assert placement(router, QUERIES) == before
 
 
+@needs_haproxy
 @pytest.mark.parametrize("where", ["docker-compose.yml", "deploy/kubernetes/router-haproxy.yaml"])
 def test_dns_variant_of_the_config_is_valid(where, tmp_path):
     """Compose and Kubernetes run the same file with replicas from DNS: `haproxy -c` accepts it with
@@ -270,3 +297,36 @@ def test_dns_variant_of_the_config_is_valid(where, tmp_path):
     check = subprocess.run([HAPROXY, "-c", "-f", str(ROOT / "deploy" / "haproxy" / "haproxy.cfg")],
                            env=dict(os.environ, **env), capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_parse_target_with_replicas():
+    t = compare.parse_target("aff=http://127.0.0.1:9000@http://127.0.0.1:9001, http://127.0.0.1:9002/")
+    assert (t.name, t.url, t.metrics_urls) == ("aff", "http://127.0.0.1:9000", ("http://127.0.0.1:9001", "http://127.0.0.1:9002"))
+    assert compare.parse_target("one=http://127.0.0.1:9000").metrics_urls == ()
+    with pytest.raises(ValueError):
+        compare.parse_target("aff=http://127.0.0.1:9000@http://")
+
+
+def _snapshot(ratio_sum, count, orig, comp, hit, miss, created=1.0) -> scrape.Snapshot:
+    return scrape.Snapshot(ratio_sum=ratio_sum, ratio_count=count, tokens_original=orig, tokens_compact=comp,
+                           ratio_created=created, cache_hit=hit, cache_miss=miss)
+
+
+def test_combine_equals_the_delta_of_the_summed_counters():
+    """Adding the replicas' deltas gives what one server with all their counters would show."""
+    pairs = [(_snapshot(1.0, 2, 100, 60, 5, 1), _snapshot(4.2, 6, 900, 400, 55, 9)),
+             (_snapshot(0.0, 0, 0, 0, 0, 0), _snapshot(0.5, 1, 30, 30, 0, 30)),
+             (_snapshot(2.0, 3, 50, 50, 0, 0), _snapshot(2.0, 3, 50, 50, 0, 0))]  # took no request
+    combined = scrape.combine([scrape.delta(b, a) for b, a in pairs])
+    summed = [scrape.Snapshot(*(sum(getattr(p[i], f) for p in pairs) for f in (
+        "ratio_sum", "ratio_count", "tokens_original", "tokens_compact", "ratio_created", "cache_hit", "cache_miss")))
+        for i in (0, 1)]
+    expect = scrape.delta(summed[0], summed[1])
+    assert combined.batches == expect.batches == 5
+    assert combined.mean_ratio == pytest.approx(expect.mean_ratio) and combined.mean_ratio == pytest.approx((4.2 - 1.0 + 0.5) / 5)
+    for f in ("tokens_original", "tokens_compact", "cache_hit", "cache_miss"):
+        assert getattr(combined, f) == getattr(expect, f), f
+    # One replica restarted (or unreadable): the cluster figure is unknown, not a partial sum.
+    restarted = (_snapshot(1.0, 2, 100, 60, 5, 1), _snapshot(0.1, 1, 10, 10, 0, 0, created=2.0))
+    assert scrape.combine([scrape.delta(*pairs[0]), scrape.delta(*restarted)]).tokens_original is None
+    assert scrape.combine([scrape.delta(*pairs[0]), scrape.delta(None, None)]).batches is None
