@@ -92,11 +92,14 @@ def delta(before: Snapshot | None, after: Snapshot | None) -> MetricsDelta:
     zero = 0.0 if same_process else None
     orig_before = before.tokens_original if before.tokens_original is not None else zero
     comp_before = before.tokens_compact if before.tokens_compact is not None else zero
+    # ... and absent after too: the process counted none (a replica that took no request)
+    orig_after = after.tokens_original if after.tokens_original is not None else zero
+    comp_after = after.tokens_compact if after.tokens_compact is not None else zero
     return MetricsDelta(
         batches=n,
         mean_ratio=mean,
-        tokens_original=_sub(after.tokens_original, orig_before),
-        tokens_compact=_sub(after.tokens_compact, comp_before),
+        tokens_original=_sub(orig_after, orig_before),
+        tokens_compact=_sub(comp_after, comp_before),
         # NOTE: radixserve exports these from start (zeros with the cache off); peers lack them
         cache_hit=_sub(after.cache_hit, before.cache_hit),
         cache_miss=_sub(after.cache_miss, before.cache_miss),

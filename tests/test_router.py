@@ -330,3 +330,7 @@ def test_combine_equals_the_delta_of_the_summed_counters():
     restarted = (_snapshot(1.0, 2, 100, 60, 5, 1), _snapshot(0.1, 1, 10, 10, 0, 0, created=2.0))
     assert scrape.combine([scrape.delta(*pairs[0]), scrape.delta(*restarted)]).tokens_original is None
     assert scrape.combine([scrape.delta(*pairs[0]), scrape.delta(None, None)]).batches is None
+    # A replica that never took a request has no labelled token series yet: it adds 0, not unknown.
+    idle = (_snapshot(0.0, 0, None, None, 0, 0), _snapshot(0.0, 0, None, None, 0, 0))
+    with_idle = scrape.combine([scrape.delta(*pairs[0]), scrape.delta(*idle)])
+    assert with_idle.tokens_original == scrape.delta(*pairs[0]).tokens_original == 800
