@@ -211,14 +211,18 @@ def test_load_tester_through_the_router_adds_up_the_replicas(cluster, tmp_path):
     assert sum(1 for x in served if x > 0) >= 2  # six queries: more than one replica took work
 
 
+def _answer(q: str, r: httpx.Response) -> tuple:
+    """(query, status, Retry-After, ranks in a 200's body)."""
+    return q, r.status_code, r.headers.get("retry-after"), len(r.json()) if r.status_code == 200 else None
+
+
 def _load(url: str, queries: list[str], stop: threading.Event, answers: list, errors: list) -> None:
     with httpx.Client() as client:
         i = 0
         while not stop.is_set():
             q = queries[i % len(queries)]
             try:
-                r = rerank(client, url, q, doc=i)
-                answers.append((q, r.status_code, r.headers.get("retry-after"), len(r.json()) if r.status_code == 200 else None))
+                answers.append(_answer(q, rerank(client, url, q, doc=i)))
             except (httpx.HTTPError, ValueError) as exc:
                 errors.append(repr(exc))
             i += 1
@@ -244,7 +248,7 @@ def test_bcd_sigkill_loses_nothing_keys_move_and_come_back(cluster):
         victim.kill()  # SIGKILL: no drain, in-flight connections are reset
         with httpx.Client() as client:  # the victim's keys at once, before any health check notices
             for q in by_replica[victim_name]:
-                answers.append((q, (r := rerank(client, router.url, q)).status_code, r.headers.get("retry-after"), 2))
+                answers.append(_answer(q, rerank(client, router.url, q)))
         router.wait_status({victim_name: "DOWN"})
         time.sleep(1.0)
     finally:
