@@ -133,7 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_load_args(r)
 
     c = sub.add_parser("compare", help="same workload against several targets, one after another")
-    c.add_argument("--target", action="append", default=[], metavar="NAME=URL", help="a running server")
+    c.add_argument("--target", action="append", default=[], metavar="NAME=URL",
+                   help="a running server; NAME=ROUTER_URL@URL,URL,... a router whose replicas' /metrics add up")
     c.add_argument("--server", action="append", default=[], metavar="'NAME: FLAGS'",
                    help="start radixserve with FLAGS ('NAME:@baseline' starts the transformers peer)")
     c.add_argument("--baseline", action="store_true", help="add the transformers peer as target 'baseline'")

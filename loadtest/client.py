@@ -31,6 +31,7 @@ class RunConfig:
     timeout: float = 120.0
     progress: bool = True
     api_key: str | None = None
+    metrics_urls: tuple[str, ...] = ()  # servers whose /metrics deltas add up (a router's replicas); () = url
 
 
 @dataclass
@@ -203,7 +204,8 @@ async def run_async(requests: list[Request], cfg: RunConfig) -> RunResult:
     async with httpx.AsyncClient(timeout=cfg.timeout, limits=pool, headers=headers) as client:
         for i in range(cfg.warmup):  # answers not checked: whatever they are, they are not measured
             await send(client, url, requests[i % len(requests)])
-        before = await scrape_metrics(client, url)
+        metrics_urls = cfg.metrics_urls or (url,)
+        before = [await scrape_metrics(client, u) for u in metrics_urls]
         progress = Progress(cfg.progress, total=limit, duration=cfg.duration)
         ticker = asyncio.create_task(progress.tick())
         start = progress.start = time.perf_counter()
@@ -228,8 +230,8 @@ async def run_async(requests: list[Request], cfg: RunConfig) -> RunResult:
             ticker.cancel()
             await asyncio.gather(ticker, return_exceptions=True)
             progress.close()
-        after = await scrape_metrics(client, url)
-    res.metrics = scrape.delta(before, after)
+        after = [await scrape_metrics(client, u) for u in metrics_urls]
+    res.metrics = scrape.combine([scrape.delta(b, a) for b, a in zip(before, after)])
     return res
 
 

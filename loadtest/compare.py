@@ -36,6 +36,7 @@ class Target:
     flags: tuple[str, ...] = ()  # for a server we start
     baseline: bool = False
     ports: tuple[int, int] | None = None  # inclusive range to pick a started server's port from
+    metrics_urls: tuple[str, ...] = ()  # a router's replicas: /metrics read from each and added
 
     @property
     def managed(self) -> bool:
@@ -43,11 +44,15 @@ class Target:
 
 
 def parse_target(spec: str) -> Target:
-    """`NAME=URL` (running server)."""
+    """`NAME=URL` (running server), or `NAME=ROUTER_URL@REPLICA_URL,REPLICA_URL,...`: requests go
+    to the router and the server-side figures add up the replicas' own /metrics (through a router,
+    GET /metrics would reach one replica only)."""
     name, sep, url = spec.partition("=")
+    url, _, replicas = url.partition("@http")
     if not sep or not name.strip() or not url.strip():
-        raise ValueError(f"--target wants NAME=URL, got {spec!r}")
-    return Target(name=name.strip(), url=client.check_url(url.strip()))
+        raise ValueError(f"--target wants NAME=URL or NAME=URL@URL,URL,..., got {spec!r}")
+    metrics = tuple(client.check_url(u.strip()) for u in ("http" + replicas).split(",")) if replicas else ()
+    return Target(name=name.strip(), url=client.check_url(url.strip()), metrics_urls=metrics)
 
 
 def parse_ports(text: str) -> tuple[int, int]:
@@ -211,6 +216,8 @@ def run_targets(
     names = [t.name for t in targets]
     if len(set(names)) != len(names):
         raise ValueError(f"target names must be unique: {names}")
+    if alternate and any(t.metrics_urls for t in targets):
+        raise ValueError("--alternate reads each target's own /metrics: give routers without @replicas")
     if alternate and cfg.concurrency != 1:
         raise ValueError(f"--alternate sends one request at a time: pass --concurrency 1 (got {cfg.concurrency})")
     started = dict(model_id=model_id, server_cmd=server_cmd, log_dir=log_dir, startup_timeout=startup_timeout,
@@ -226,7 +233,7 @@ def run_targets(
         return out
     for t in targets:
         with contextlib.ExitStack() as stack:  # a started server lives only through its own run
-            res = client.run(requests, replace(cfg, url=_url(t, stack, **started)))
+            res = client.run(requests, replace(cfg, url=_url(t, stack, **started), metrics_urls=t.metrics_urls))
         if on_result is not None:
             on_result(t, res)
         out.append((t, res))

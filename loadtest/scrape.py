@@ -8,6 +8,7 @@ stay None (e.g. the baseline).
 Counters only grow within one server process: a counter that went down between the scrapes, or a
 changed `te_radix_mlp_compression_ratio_created` (the histogram is made at process start), means
 the server restarted, and the deltas are None (unknown), never a negative or partial figure.
+Behind a router, `combine` adds the replicas' deltas into one cluster-wide figure.
 """
 from __future__ import annotations
 
@@ -91,12 +92,39 @@ def delta(before: Snapshot | None, after: Snapshot | None) -> MetricsDelta:
     zero = 0.0 if same_process else None
     orig_before = before.tokens_original if before.tokens_original is not None else zero
     comp_before = before.tokens_compact if before.tokens_compact is not None else zero
+    # ... and absent after too: the process counted none (a replica that took no request)
+    orig_after = after.tokens_original if after.tokens_original is not None else zero
+    comp_after = after.tokens_compact if after.tokens_compact is not None else zero
     return MetricsDelta(
         batches=n,
         mean_ratio=mean,
-        tokens_original=_sub(after.tokens_original, orig_before),
-        tokens_compact=_sub(after.tokens_compact, comp_before),
+        tokens_original=_sub(orig_after, orig_before),
+        tokens_compact=_sub(comp_after, comp_before),
         # NOTE: radixserve exports these from start (zeros with the cache off); peers lack them
         cache_hit=_sub(after.cache_hit, before.cache_hit),
         cache_miss=_sub(after.cache_miss, before.cache_miss),
+    )
+
+
+def _add(values: list[float | None]) -> float | None:
+    return None if any(v is None for v in values) else sum(values)
+
+
+def combine(deltas: list[MetricsDelta]) -> MetricsDelta:
+    """Several servers' deltas as one (the replicas behind a router): counters add, the mean
+    per-batch ratio is weighted by each server's batches. A figure unknown on any server is unknown
+    for all (None), never a partial sum."""
+    if len(deltas) == 1:
+        return deltas[0]
+    batches = _add([d.batches for d in deltas])
+    # sum of per-batch ratios on each server: mean x batches (a server with no batch adds 0)
+    ratio_sums = _add([0.0 if d.batches == 0 else None if d.batches is None or d.mean_ratio is None
+                       else d.mean_ratio * d.batches for d in deltas])
+    return MetricsDelta(
+        batches=batches,
+        mean_ratio=ratio_sums / batches if batches and ratio_sums is not None else None,
+        tokens_original=_add([d.tokens_original for d in deltas]),
+        tokens_compact=_add([d.tokens_compact for d in deltas]),
+        cache_hit=_add([d.cache_hit for d in deltas]),
+        cache_miss=_add([d.cache_miss for d in deltas]),
     )

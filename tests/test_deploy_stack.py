@@ -29,7 +29,7 @@ def compose():
 
 def test_compose_services_ports_volumes(compose):
     services = compose["services"]
-    assert set(services) == {"radixserve", "radixserve-cpu", "prometheus", "grafana"}
+    assert set(services) == {"radixserve", "radixserve-cpu", "radixserve-replica", "router", "prometheus", "grafana"}
     gpu, cpu = services["radixserve"], services["radixserve-cpu"]
     assert gpu["build"]["target"] == "gpu" and cpu["build"]["target"] == "cpu"
     assert "profiles" not in gpu and cpu["profiles"] == ["cpu"]
@@ -42,6 +42,11 @@ def test_compose_services_ports_volumes(compose):
         assert "hf-cache:/data" in svc["volumes"]
         assert svc["environment"]["HF_HOME"] == "/data"
     assert set(compose["volumes"]) == {"hf-cache", "prometheus-data", "grafana-data"}
+    replica, router = services["radixserve-replica"], services["router"]
+    assert replica["profiles"] == ["router"] == router["profiles"] and replica["deploy"]["replicas"] == 2
+    assert replica["environment"] == cpu["environment"] and replica["build"]["target"] == "cpu"
+    assert router["ports"][0] == "8082:8080" and "./deploy/haproxy:/usr/local/etc/haproxy:ro" in router["volumes"]
+    assert router["environment"]["RADIXSERVE_REPLICAS_DNS"] == "radixserve-replica"
     for svc in services.values():
         for volume in svc.get("volumes", []):
             source = volume.split(":")[0]
@@ -74,7 +79,7 @@ def test_docker_compose_config_accepts_file():
     if cli is None:
         pytest.skip("no docker compose CLI")
     proc = subprocess.run(
-        [*cli, "-f", str(ROOT / "docker-compose.yml"), "--profile", "cpu", "config", "--quiet"],
+        [*cli, "-f", str(ROOT / "docker-compose.yml"), "--profile", "cpu", "--profile", "router", "config", "--quiet"],
         capture_output=True, text=True, cwd=ROOT, timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
@@ -189,31 +194,31 @@ def test_kubernetes_replicas():
     assert docs["Deployment"]["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
-def test_kubernetes_routers_hash_on_prefix_key():
+def test_kubernetes_router_runs_the_checked_in_haproxy_config():
+    """The router pod runs deploy/haproxy/haproxy.cfg (tests/test_router.py runs the same file)
+    from a ConfigMap made of it, with its replicas from the headless Service's DNS name."""
     headless = _docs("radixserve.yaml")[1]["metadata"]["name"]
-    envoy = {d["kind"]: d for d in _docs("router-envoy.yaml")}
-    assert set(envoy) == {"ConfigMap", "Deployment", "Service"}
-    config = yaml.safe_load(envoy["ConfigMap"]["data"]["envoy.yaml"])
-    cluster = config["static_resources"]["clusters"][0]
-    assert cluster["lb_policy"] in ("RING_HASH", "MAGLEV")
-    assert cluster["common_lb_config"]["consistent_hashing_lb_config"]["hash_balance_factor"] >= 100
-    address = cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
-    assert address["socket_address"]["address"].split(".")[0] == headless
-    route = config["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
-    policy = route["route_config"]["virtual_hosts"][0]["routes"][0]["route"]["hash_policy"]
-    assert policy == [{"header": {"header_name": "x-prefix-key"}}]
-    nginx = {d["kind"]: d for d in _docs("router-nginx.yaml")}
-    assert set(nginx) == {"ConfigMap", "Deployment", "Service"}
-    conf = nginx["ConfigMap"]["data"]["default.conf"]
-    assert re.search(r"hash \$prefix_key consistent;", conf)
-    assert "$http_x_prefix_key" in conf and f"{headless}." in conf
+    router = {d["kind"]: d for d in _docs("router-haproxy.yaml")}
+    assert set(router) == {"Deployment", "Service"}
+    pod = router["Deployment"]["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["RADIXSERVE_REPLICAS_DNS"].split(".")[0] == headless
+    assert env["RADIXSERVE_REPLICAS_DNS"].endswith(".svc.cluster.local")  # HAProxy applies no search domains
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "config")
+    assert container["args"][-1] == mount["mountPath"] + "/haproxy.cfg"
+    assert next(v for v in pod["volumes"] if v["name"] == "config")["configMap"]["name"] == "radixserve-haproxy"
+    text = (DEPLOY / "kubernetes" / "router-haproxy.yaml").read_text()
+    assert "--from-file=deploy/haproxy/haproxy.cfg" in text and "configmap radixserve-haproxy" in text
+    assert router["Service"]["spec"]["selector"] == router["Deployment"]["spec"]["selector"]["matchLabels"]
 
 
 def test_operations_doc_names_what_compose_ships(compose):
     doc = (ROOT / "docs" / "operations.md").read_text()
     for service in compose["services"]:
         assert service in doc, service
-    for port in ("8080", "8081", "9090", "3000"):
+    for port in ("8080", "8081", "8082", "9090", "3000"):
         assert port in doc, port
-    for path in ("deploy/kubernetes/router-envoy.yaml", "deploy/kubernetes/router-nginx.yaml", "X-Prefix-Key"):
+    for path in ("deploy/kubernetes/router-haproxy.yaml", "deploy/haproxy/haproxy.cfg", "deploy/haproxy/render.sh",
+                 "X-Prefix-Key"):
         assert path in doc, path

@@ -1,0 +1,20 @@
+#!/bin/sh
+# Print deploy/haproxy/haproxy.cfg with one `server` line per replica appended to its backend:
+#   deploy/haproxy/render.sh 127.0.0.1:8081 127.0.0.1:8082 127.0.0.1:8083 > /etc/haproxy/haproxy.cfg
+# Server names are r1, r2, ... in argument order; keep the order stable (a replica's name is its
+# place on the hash ring).
+set -eu
+if [ "$#" -eq 0 ]; then
+  echo "usage: $0 HOST:PORT [HOST:PORT ...]" >&2
+  exit 2
+fi
+cat "$(dirname "$0")/haproxy.cfg"
+i=0
+for addr in "$@"; do
+  case "$addr" in
+    *:*) ;;
+    *) echo "$0: want HOST:PORT, got '$addr'" >&2; exit 2 ;;
+  esac
+  i=$((i + 1))
+  echo "    server r$i $addr"
+done
