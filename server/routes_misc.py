@@ -12,7 +12,7 @@ from importlib import metadata
 from pathlib import Path
 
 from fastapi import APIRouter, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from server.bodies import openapi_body, parse_body
 from server.errors import ApiError
@@ -68,7 +68,7 @@ def build_router(service: Service, *, info: dict) -> APIRouter:
     @router.get("/metrics", tags=["Info"])
     async def metrics() -> Response:
         service.metrics.queue_size.set(service.scheduler.queue_size)
-        return Response(generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(service.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     return router
 
