@@ -96,7 +96,10 @@ ENV PIP_NO_CACHE_DIR=1 \
 # would bind the server to the container's address only (the HEALTHCHECK on 127.0.0.1 fails).
 # An image ENV wins over Docker's value, so pin it; `-e HOSTNAME=...` still overrides.
 # The CPU wheel index: the PyPI torch for Linux drags in gigabytes of CUDA libraries.
-RUN python -m pip install torch==${TORCH_VERSION} --index-url https://download.pytorch.org/whl/cpu
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libjemalloc2 \
+    && rm -rf /var/lib/apt/lists/* \
+    && python -m pip install torch==${TORCH_VERSION} --index-url https://download.pytorch.org/whl/cpu
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -108,6 +111,12 @@ COPY loadtest ./loadtest
 RUN python -m pip install . \
     && useradd --create-home --uid 10001 radixserve \
     && mkdir -p /data && chown radixserve:radixserve /data
+
+# Memory: jemalloc instead of glibc's malloc for every process in the container (the bare
+# soname resolves on any architecture). Under a churning load it settles where glibc keeps
+# growing, and serves as fast or faster (docs/benchmarks.md, "Memory under churn";
+# docs/operations.md, "Memory (RSS) on the CPU"). `-e LD_PRELOAD=` turns it off.
+ENV LD_PRELOAD=libjemalloc.so.2
 
 USER radixserve
 WORKDIR /home/radixserve
@@ -157,13 +166,19 @@ ENV DEBIAN_FRONTEND=noninteractive \
 
 # Same Ubuntu as the build stage, so the venv's python3 symlink resolves to the same interpreter.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 ca-certificates \
+    && apt-get install -y --no-install-recommends python3 ca-certificates libjemalloc2 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 radixserve \
     && mkdir -p /data && chown radixserve:radixserve /data
 
 COPY --from=cuda-build /opt/venv /opt/venv
 COPY --from=cuda-build --chown=radixserve:radixserve /opt/radixserve/torch_extensions /opt/radixserve/torch_extensions
+
+# Memory: jemalloc instead of glibc's malloc for every process in the container (the bare
+# soname resolves on any architecture). Under a churning load it settles where glibc keeps
+# growing, and serves as fast or faster (docs/benchmarks.md, "Memory under churn";
+# docs/operations.md, "Memory (RSS) on the CPU"). `-e LD_PRELOAD=` turns it off.
+ENV LD_PRELOAD=libjemalloc.so.2
 
 USER radixserve
 WORKDIR /home/radixserve

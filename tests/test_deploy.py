@@ -208,6 +208,17 @@ def test_healthcheck_start_period_covers_a_cold_16gb_download(stages, target):
     assert "Pre-downloading the model" in ops  # the other way: fill the volume before starting
 
 
+@pytest.mark.parametrize("target", ["gpu", "cpu"], ids=["gpu-target", "cpu-target"])
+def test_final_images_preload_jemalloc_they_install(stages, target):
+    """glibc's malloc keeps growing under churn where jemalloc settles (docs/benchmarks.md)."""
+    instrs = stages[target]["instrs"]
+    preload = [i for i, (k, a) in enumerate(instrs) if k == "ENV" and "LD_PRELOAD" in a]
+    assert preload and env_of(stages[target])["LD_PRELOAD"] == "libjemalloc.so.2"
+    installs = [i for i, (k, a) in enumerate(instrs) if k == "RUN" and re.search(r"apt-get install .*libjemalloc2", a)]
+    assert installs and installs[0] < preload[0]  # installed before any later RUN runs under the preload
+    # tests/test_allocator.py runs the server under this exact preload
+
+
 def test_flash_attn_comment_does_not_promise_hopper_kernels():
     """flash-attn 2 builds the same kernels for sm_90; Hopper's (TMA/WGMMA) are FlashAttention-3."""
     why = _comment_before((ROOT / "Dockerfile").read_text(), "ARG FLASH_ATTN_CUDA_ARCHS")
