@@ -113,10 +113,14 @@ RUN python -m pip install . \
     && mkdir -p /data && chown radixserve:radixserve /data
 
 # Memory: jemalloc instead of glibc's malloc for every process in the container (the bare
-# soname resolves on any architecture). Under a churning load it settles where glibc keeps
-# growing, and serves as fast or faster (docs/benchmarks.md, "Memory under churn";
-# docs/operations.md, "Memory (RSS) on the CPU"). `-e LD_PRELOAD=` turns it off.
-ENV LD_PRELOAD=libjemalloc.so.2
+# soname resolves on any architecture): under a churning load it settles where glibc keeps
+# growing, as fast or faster. The two capacities bound the per-shape primitive caches of the
+# packed CPU linears (torch's ideep LRU and oneDNN's own, 1024 entries each by default), which
+# otherwise grow by hundreds of MB when batch shapes vary (docs/benchmarks.md, section 8;
+# docs/operations.md, "Memory (RSS) on the CPU"). `-e LD_PRELOAD=` turns jemalloc off.
+ENV LD_PRELOAD=libjemalloc.so.2 \
+    LRU_CACHE_CAPACITY=64 \
+    ONEDNN_PRIMITIVE_CACHE_CAPACITY=64
 
 USER radixserve
 WORKDIR /home/radixserve
@@ -175,10 +179,14 @@ COPY --from=cuda-build /opt/venv /opt/venv
 COPY --from=cuda-build --chown=radixserve:radixserve /opt/radixserve/torch_extensions /opt/radixserve/torch_extensions
 
 # Memory: jemalloc instead of glibc's malloc for every process in the container (the bare
-# soname resolves on any architecture). Under a churning load it settles where glibc keeps
-# growing, and serves as fast or faster (docs/benchmarks.md, "Memory under churn";
-# docs/operations.md, "Memory (RSS) on the CPU"). `-e LD_PRELOAD=` turns it off.
-ENV LD_PRELOAD=libjemalloc.so.2
+# soname resolves on any architecture): under a churning load it settles where glibc keeps
+# growing, as fast or faster. The two capacities bound the per-shape primitive caches of the
+# packed CPU linears (torch's ideep LRU and oneDNN's own, 1024 entries each by default), which
+# otherwise grow by hundreds of MB when batch shapes vary (docs/benchmarks.md, section 8;
+# docs/operations.md, "Memory (RSS) on the CPU"). `-e LD_PRELOAD=` turns jemalloc off.
+ENV LD_PRELOAD=libjemalloc.so.2 \
+    LRU_CACHE_CAPACITY=64 \
+    ONEDNN_PRIMITIVE_CACHE_CAPACITY=64
 
 USER radixserve
 WORKDIR /home/radixserve

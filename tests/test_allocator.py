@@ -1,7 +1,9 @@
-"""The Docker images preload jemalloc (LD_PRELOAD=libjemalloc.so.2): the server must run under it.
+"""The Docker images preload jemalloc and cap oneDNN's primitive caches: the server must run so.
 
-A real server process started with that preload maps jemalloc, answers /health, and embeds exactly
-what an in-process server (glibc malloc) embeds. Skips where Debian's libjemalloc2 is not installed.
+A real server process started with the CPU image's memory settings (LD_PRELOAD, LRU_CACHE_CAPACITY,
+ONEDNN_PRIMITIVE_CACHE_CAPACITY, read from the Dockerfile) maps jemalloc, answers /health, and
+embeds what an in-process server (glibc malloc, default caches) embeds. Skips where Debian's
+libjemalloc2 is not installed.
 """
 from __future__ import annotations
 
@@ -51,8 +53,13 @@ def test_server_runs_under_the_images_jemalloc_preload(tiny_embedding_dir):
                                  runner=cached_runner(str(tiny_embedding_dir)))) as srv:
         expected = np.array(httpx.post(srv.url + "/embed", json={"inputs": TEXTS}).json())
 
+    from tests.test_deploy import dockerfile_stages, env_of
+
+    image_env = env_of(next(st for st in dockerfile_stages((ROOT / "Dockerfile").read_text()) if st["name"] == "cpu"))
+    memory_env = {k: image_env[k] for k in ("LD_PRELOAD", "LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
+    assert memory_env["LD_PRELOAD"] == PRELOAD
     port = free_port()
-    env = {**os.environ, "LD_PRELOAD": PRELOAD}
+    env = {**os.environ, **memory_env}
     argv = [sys.executable, "-c", "import sys; from server.cli import main; sys.exit(main())",
             "--model-id", str(tiny_embedding_dir), "--hostname", "127.0.0.1", "--port", str(port)]
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

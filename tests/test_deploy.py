@@ -209,14 +209,18 @@ def test_healthcheck_start_period_covers_a_cold_16gb_download(stages, target):
 
 
 @pytest.mark.parametrize("target", ["gpu", "cpu"], ids=["gpu-target", "cpu-target"])
-def test_final_images_preload_jemalloc_they_install(stages, target):
-    """glibc's malloc keeps growing under churn where jemalloc settles (docs/benchmarks.md)."""
+def test_final_images_preload_jemalloc_they_install_and_cap_onednn_caches(stages, target):
+    """glibc's malloc keeps growing under churn where jemalloc settles, and the per-shape primitive
+    caches of oneDNN hold hundreds of MB at their default size (docs/benchmarks.md, section 8)."""
     instrs = stages[target]["instrs"]
     preload = [i for i, (k, a) in enumerate(instrs) if k == "ENV" and "LD_PRELOAD" in a]
     assert preload and env_of(stages[target])["LD_PRELOAD"] == "libjemalloc.so.2"
     installs = [i for i, (k, a) in enumerate(instrs) if k == "RUN" and re.search(r"apt-get install .*libjemalloc2", a)]
     assert installs and installs[0] < preload[0]  # installed before any later RUN runs under the preload
     # tests/test_allocator.py runs the server under this exact preload
+    env = env_of(stages[target])
+    for cache in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"):  # oneDNN's per-shape caches
+        assert 1 <= int(env[cache]) < 1024, (cache, env.get(cache))  # below the 1024 default
 
 
 def test_flash_attn_comment_does_not_promise_hopper_kernels():
