@@ -7,8 +7,8 @@
 #
 # GPU pair: torch ${TORCH_VERSION} from the PyTorch ${TORCH_CUDA} wheel index on an
 # nvidia/cuda ${CUDA_VERSION} base. The devel stage compiles the CUDA kernels (kernels/*.cu) for
-# TORCH_CUDA_ARCH_LIST into TORCH_EXTENSIONS_DIR; the runtime stage copies the venv and that
-# directory, so no compiler runs when a container starts.
+# TORCH_CUDA_ARCH_LIST into TORCH_EXTENSIONS_DIR; the gpu stage copies the venv and that
+# directory onto the CUDA *base* image, so no compiler runs when a container starts.
 # NOTE: torch, CUDA base and wheel index move together; override all three, e.g.
 #   --build-arg TORCH_CUDA=cu130 --build-arg CUDA_VERSION=13.0.0
 # NOTE: TORCH_VERSION must match the pin in .ci/run (tests/test_deploy.py checks it).
@@ -25,21 +25,27 @@ ARG TORCH_VERSION
 ARG TORCH_CUDA
 ARG WITH_FLASH_ATTN=0
 ARG FLASH_ATTN_VERSION=2.8.3
-# flash-attn compile: its own arch list (sm_80 code also runs on 8.6/8.9; 9.0 gets Hopper's) and
-# a cap on parallel compiler jobs: each nvcc job of flash-attn takes several GB of RAM (x
-# NVCC_THREADS), so uncapped ninja on a many-core builder runs out of memory. See
-# docs/operations.md ("Kernels, flash-attn and ninja").
+# flash-attn compile: its own arch list and a cap on parallel compiler jobs. This is
+# FlashAttention-2: the same kernels for every arch, none Hopper-specific (the TMA/WGMMA kernels
+# are FlashAttention-3, flash-attn's separate hopper/ build, not installed here). sm_80 code runs
+# on 8.6/8.9 too; 9.0 is listed because compiled code does not carry across major versions: an
+# H100 runs FA2's Ampere-design kernels compiled for sm_90. Each nvcc job
+# of flash-attn takes several GB of RAM (x NVCC_THREADS), so uncapped ninja on a many-core
+# builder runs out of memory. See docs/operations.md ("Kernels, flash-attn and ninja").
 ARG FLASH_ATTN_CUDA_ARCHS="80;90"
 ARG MAX_JOBS=4
 ARG NVCC_THREADS=2
 
+# NOTE: 9.0+PTX also embeds PTX for compute_90, which the driver compiles at first load on a
+# GPU newer than every listed arch (Blackwell: 10.0, 12.0), so the gather kernel still runs there
+# instead of failing with "no kernel image is available".
 ENV DEBIAN_FRONTEND=noninteractive \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:${PATH} \
     CUDA_HOME=/usr/local/cuda \
-    TORCH_CUDA_ARCH_LIST="8.0;8.6;8.9;9.0" \
+    TORCH_CUDA_ARCH_LIST="8.0;8.6;8.9;9.0+PTX" \
     TORCH_EXTENSIONS_DIR=/opt/radixserve/torch_extensions
 
 RUN apt-get update \
@@ -91,7 +97,10 @@ ENV PIP_NO_CACHE_DIR=1 \
 # would bind the server to the container's address only (the HEALTHCHECK on 127.0.0.1 fails).
 # An image ENV wins over Docker's value, so pin it; `-e HOSTNAME=...` still overrides.
 # The CPU wheel index: the PyPI torch for Linux drags in gigabytes of CUDA libraries.
-RUN python -m pip install torch==${TORCH_VERSION} --index-url https://download.pytorch.org/whl/cpu
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends libjemalloc2 \
+    && rm -rf /var/lib/apt/lists/* \
+    && python -m pip install torch==${TORCH_VERSION} --index-url https://download.pytorch.org/whl/cpu
 
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -105,37 +114,65 @@ RUN python -m pip install . \
     && useradd --create-home --uid 10001 radixserve \
     && mkdir -p /data && chown radixserve:radixserve /data
 
+# Memory: jemalloc instead of glibc's malloc for every process in the container (the bare
+# soname resolves on any architecture): under a churning load it settles where glibc keeps
+# growing, as fast or faster. The two capacities bound the per-shape primitive caches of the
+# packed CPU linears (torch's ideep LRU and oneDNN's own, 1024 entries each by default), which
+# otherwise grow by hundreds of MB when batch shapes vary (docs/benchmarks.md, section 8;
+# docs/operations.md, "Memory (RSS) on the CPU"). `-e LD_PRELOAD=` turns jemalloc off.
+ENV LD_PRELOAD=libjemalloc.so.2 \
+    LRU_CACHE_CAPACITY=64 \
+    ONEDNN_PRIMITIVE_CACHE_CAPACITY=64
+
 USER radixserve
 WORKDIR /home/radixserve
 VOLUME ["/data"]
 EXPOSE 8080
-# PORT is the env twin of --port; the check follows it.
-HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
+# PORT is the env twin of --port; the check follows it. The start period covers a cold download
+# of the model into /data (30 min: 16 GB, an 8B model in bf16, at ~10 MB/s); the first passing
+# check ends it early, so a warm start is healthy within one interval. To start without the
+# download, fill the volume first (docs/operations.md, "Pre-downloading the model").
+HEALTHCHECK --interval=15s --timeout=5s --start-period=1800s --retries=3 \
     CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('PORT', '8080'), timeout=4)"
 ENTRYPOINT ["radixserve"]
 
 # ---------------------------------------------------------------------------------------------
-# Stage 3 (default target `gpu`): CUDA runtime base, the venv and the prebuilt kernels.
-FROM nvidia/cuda:${CUDA_VERSION}-runtime-ubuntu${UBUNTU_VERSION} AS gpu
+# Stage 3 (default target `gpu`): CUDA base image, the venv and the prebuilt kernels.
+# NOTE: the *base* image (CUDA runtime library, the forward-compatibility package and the NVIDIA
+# container toolkit settings), not *runtime* or *cudnn-runtime*: torch's CUDA wheel brings its own
+# CUDA libraries as nvidia-* packages in the venv (cuBLAS, cuDNN, cuFFT, cuRAND, cuSOLVER,
+# cuSPARSE(Lt), NCCL, NVRTC, nvJitLink, the CUDA runtime, CUPTI) and loads those, never the
+# system copies. The runtime image's layers over base are those same libraries again (plus NPP
+# and nvJPEG, unused): for torch 2.13.0 on PyPI the wheels of the duplicated ones weigh about
+# 1.3 GB compressed (cuBLAS 404 MB, cuFFT 204 MB, NCCL 196 MB, cuSOLVER 192 MB, cuSPARSE 139 MB,
+# NVRTC 86 MB, cuRAND 57 MB, nvJitLink 44 MB), and cudnn-runtime adds cuDNN (349 MB) once more.
+# The image is the base, Python and the venv (wheels: torch 502 MB, triton 189 MB, nvidia-*
+# about 1.9 GB): roughly 1.3 GB (runtime) to 1.7 GB (cudnn-runtime) smaller compressed. These
+# figures are estimates from the PyPI wheel sizes, not from built images.
+FROM nvidia/cuda:${CUDA_VERSION}-base-ubuntu${UBUNTU_VERSION} AS gpu
 
 # NOTE: the gather kernel is imported straight from the prebuilt .so when its stamp (sources,
 # torch, CUDA, TORCH_CUDA_ARCH_LIST, flags; kernels/build.py) matches and a self-test gather on
 # the GPU passes; this stage has no nvcc, so a mismatch means the pure-torch fallback with a
 # WARNING. TORCH_CUDA_ARCH_LIST and CUDA_HOME mirror the build stage (they are in the stamp).
 # The kernel is opt-in (-e RADIXSERVE_GATHER_IMPL=cuda) until measured on a GPU; see kernels/__init__.py.
+# PYTORCH_CUDA_ALLOC_CONF: expandable segments let the caching allocator grow a segment in place
+# instead of stranding blocks between batches of changing shape (fewer OOMs at the same
+# --max-batch-tokens); `-e PYTORCH_CUDA_ALLOC_CONF=...` overrides it.
 ENV DEBIAN_FRONTEND=noninteractive \
     VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:${PATH} \
     PYTHONUNBUFFERED=1 \
     CUDA_HOME=/usr/local/cuda \
-    TORCH_CUDA_ARCH_LIST="8.0;8.6;8.9;9.0" \
+    TORCH_CUDA_ARCH_LIST="8.0;8.6;8.9;9.0+PTX" \
     TORCH_EXTENSIONS_DIR=/opt/radixserve/torch_extensions \
     HF_HOME=/data \
-    HOSTNAME=0.0.0.0
+    HOSTNAME=0.0.0.0 \
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 
 # Same Ubuntu as the build stage, so the venv's python3 symlink resolves to the same interpreter.
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 ca-certificates \
+    && apt-get install -y --no-install-recommends python3 ca-certificates libjemalloc2 \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --create-home --uid 10001 radixserve \
     && mkdir -p /data && chown radixserve:radixserve /data
@@ -143,10 +180,21 @@ RUN apt-get update \
 COPY --from=cuda-build /opt/venv /opt/venv
 COPY --from=cuda-build --chown=radixserve:radixserve /opt/radixserve/torch_extensions /opt/radixserve/torch_extensions
 
+# Memory: jemalloc instead of glibc's malloc for every process in the container (the bare
+# soname resolves on any architecture): under a churning load it settles where glibc keeps
+# growing, as fast or faster. The two capacities bound the per-shape primitive caches of the
+# packed CPU linears (torch's ideep LRU and oneDNN's own, 1024 entries each by default), which
+# otherwise grow by hundreds of MB when batch shapes vary (docs/benchmarks.md, section 8;
+# docs/operations.md, "Memory (RSS) on the CPU"). `-e LD_PRELOAD=` turns jemalloc off.
+ENV LD_PRELOAD=libjemalloc.so.2 \
+    LRU_CACHE_CAPACITY=64 \
+    ONEDNN_PRIMITIVE_CACHE_CAPACITY=64
+
 USER radixserve
 WORKDIR /home/radixserve
 VOLUME ["/data"]
 EXPOSE 8080
-HEALTHCHECK --interval=15s --timeout=5s --start-period=600s --retries=3 \
+# Start period: as in the cpu stage (a cold 16 GB download; or pre-download, docs/operations.md).
+HEALTHCHECK --interval=15s --timeout=5s --start-period=1800s --retries=3 \
     CMD python -c "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/health' % os.environ.get('PORT', '8080'), timeout=4)"
 ENTRYPOINT ["radixserve"]

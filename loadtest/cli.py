@@ -159,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--interval", type=_positive_float, default=5.0, help="seconds between samples")
     s.add_argument("--pid", type=_positive_int, default=None, help="server process id (RSS and fds from /proc)")
     s.add_argument("--max-requests", type=_positive_int, default=100_000, help="stop after this many requests")
+    s.add_argument("--churn", action="store_true",
+                   help="valid requests carry inputs that differ in content, count and length (seeded)")
     s.add_argument("--out", required=True, help="output directory (soak.json, soak.md)")
     return p
 
@@ -276,7 +278,7 @@ def cmd_soak(a) -> int:
     from loadtest import soak
 
     config = soak.SoakConfig(url=a.target, duration_s=a.duration, concurrency=a.concurrency,
-                             interval_s=a.interval, pid=a.pid, max_requests=a.max_requests)
+                             interval_s=a.interval, pid=a.pid, max_requests=a.max_requests, churn=a.churn)
     result = asyncio.run(soak.soak(config))
     js, md = soak.write(result, a.out)
     print(md.read_text())

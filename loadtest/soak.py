@@ -7,7 +7,10 @@ truncation, malformed JSON, a wrong content type, a body announced past the defa
 disconnect); every ``interval`` seconds a sampler records the server's
 RSS and open fds (from /proc/PID when ``--pid`` is given, else from /metrics ``process_*`` series
 when the server exports them) and re-embeds (or re-scores) fixed inputs, which must stay within
-1e-5 of the first answer. Writes soak.json and soak.md. Bounds: loopback targets only; it stops by
+1e-5 of the first answer. With ``churn`` the valid requests carry inputs that differ from request
+to request in content, count and length (seeded by the request's number, so a run repeats), the
+load that makes a prefix cache evict and an allocator fragment. Writes soak.json and soak.md, with
+RSS start, peak, end and slope (loadtest.soak_rss) and the valid requests served per second. Bounds: loopback targets only; it stops by
 itself after ``duration`` (plus one request timeout) or ``max_requests``, whichever comes first.
 """
 from __future__ import annotations
@@ -16,6 +19,7 @@ import asyncio
 import collections
 import json
 import os
+import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -23,6 +27,8 @@ from pathlib import Path
 import httpx
 
 from loadtest.client import check_url
+from loadtest.soak_rss import rss_markdown, rss_summary
+from loadtest.wordlist import WORDS
 
 DRIFT_TOL = 1e-5
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
@@ -31,6 +37,7 @@ _PAD_BYTES = 2_100_000  # past the default --payload-limit (2 MB); valid JSON if
 # with 7 workers every hostile kind is among the first requests.
 MIX = ("valid", "too_many_inputs", "valid", "too_long", "valid", "malformed_json", "valid", "wrong_type",
        "valid", "oversized_body", "valid", "disconnect_early", "valid", "disconnect_after_send")
+_CHURN_MAX_WORDS = 256  # words per churned input at most (about as many tokens)
 PROBE_TEXTS = ("soak probe: the quick brown fox", "a second fixed input, a little longer than the first", "3")
 
 
@@ -43,6 +50,7 @@ class SoakConfig:
     pid: int | None = None
     max_requests: int = 100_000
     timeout_s: float = 30.0
+    churn: bool = False
 
 
 @dataclass
@@ -63,6 +71,8 @@ class SoakResult:
     samples: list[Sample] = field(default_factory=list)
     max_drift: float = 0.0
     problems: list[str] = field(default_factory=list)
+    rss: dict | None = None  # loadtest.soak_rss.rss_summary
+    valid_per_s: float = 0.0  # valid requests answered 200, per second of the run
 
     @property
     def ok(self) -> bool:
@@ -103,15 +113,33 @@ def metrics_stats(text: str) -> tuple[int | None, int | None]:
     return found.get("process_resident_memory_bytes"), found.get("process_open_fds")
 
 
-def _valid(kind: str, i: int) -> tuple[str, dict]:
+def _churn_texts(i: int, max_words: int) -> list[str]:
+    """1-4 inputs, each a cut of one of 8 shared heads plus a random tail, all seeded by ``i``."""
+    rng = random.Random(i)
+    texts = []
+    for _ in range(rng.randint(1, 4)):
+        head = rng.randrange(8)
+        head_words = [WORDS[(head * 97 + k * 13) % len(WORDS)] for k in range(rng.randint(0, 64))]
+        tail = rng.choices(WORDS, k=rng.randint(1, max(1, max_words - len(head_words))))
+        texts.append(" ".join(head_words + tail))
+    return texts
+
+
+def _valid(kind: str, i: int, *, churn: bool = False, max_words: int = 256) -> tuple[str, dict]:
+    if churn:
+        texts = _churn_texts(i, max_words)
+        if kind == "reranker":
+            return "/rerank", {"query": texts[0][:200], "texts": texts, "truncate": True}
+        return "/embed", {"inputs": texts, "truncate": True}
     if kind == "reranker":
         return "/rerank", {"query": f"soak query {i % 7}", "texts": [f"passage {i % 5}", "another passage"]}
     return "/embed", {"inputs": [f"soak input {i % 11}", "a shared prefix and a tail"]}
 
 
-def _body(which: str, kind: str, info: dict, i: int) -> tuple[str, bytes, str]:
+def _body(which: str, kind: str, info: dict, i: int, *, churn: bool = False) -> tuple[str, bytes, str]:
     """(route, body bytes, content type) of one request of the mix."""
-    route, payload = _valid(kind, i)
+    max_words = max(8, min(_CHURN_MAX_WORDS, int(info.get("max_input_length") or 512) // 2))
+    route, payload = _valid(kind, i, churn=churn and which == "valid", max_words=max_words)
     field_name = "texts" if kind == "reranker" else "inputs"
     if which == "too_many_inputs":
         payload[field_name] = ["x"] * (int(info.get("max_client_batch_size") or 2048) + 1)
@@ -189,7 +217,7 @@ class _Soak:
             which = MIX[i % len(MIX)]
             i += 1
             self.sent += 1
-            route, body, ctype = _body(which, self.kind, self.info, i)
+            route, body, ctype = _body(which, self.kind, self.info, i, churn=self.c.churn)
             try:
                 if which.startswith("disconnect"):
                     outcome = await _disconnect(self.c.url, route, body, after_send=which.endswith("after_send"))
@@ -255,7 +283,10 @@ async def soak(config: SoakConfig) -> SoakResult:
         bound = config.duration_s + 2 * config.timeout_s  # nothing outlives this
         await asyncio.wait_for(asyncio.gather(run.sampler(client, result, t0),
                                               *(run.worker(client, w) for w in range(config.concurrency))), bound)
+        elapsed = time.monotonic() - t0
     result.statuses = {k: dict(v) for k, v in sorted(run.statuses.items())}
+    result.rss = rss_summary(result.samples)
+    result.valid_per_s = round(result.statuses.get("valid", {}).get("200", 0) / max(elapsed, 1e-9), 2)
     _judge(result)
     return result
 
@@ -278,7 +309,9 @@ def markdown(result: SoakResult) -> str:
     c = result.config
     lines = [f"# radixserve soak: {c['url']}", "",
              f"{c['duration_s']:g} s, {c['concurrency']} workers, a sample every {c['interval_s']:g} s, "
-             f"model kind {result.kind}; verdict: **{'ok' if result.ok else 'problems'}**", ""]
+             f"model kind {result.kind}{', churning inputs' if c.get('churn') else ''}; "
+             f"verdict: **{'ok' if result.ok else 'problems'}**", "",
+             f"Valid requests served: {result.valid_per_s:.2f}/s.", *rss_markdown(result.rss), ""]
     lines += [f"- {p}" for p in result.problems] + ([""] if result.problems else [])
     lines += ["| request | answers |", "|---|---|"]
     lines += [f"| {k} | {', '.join(f'{s}: {n}' for s, n in sorted(v.items()))} |" for k, v in result.statuses.items()]

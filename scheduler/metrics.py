@@ -1,12 +1,14 @@
 """Every Prometheus series of docs/api.md ("Metrics"), registered on one registry per app.
 
 TEI's names (te_*) so existing dashboards carry over, plus the RadixMLP series. A registry per
-app instance (never the process-global one) lets tests build several apps side by side.
+app instance (never the process-global one) lets tests build several apps side by side. Serve
+``Metrics.exposition()``, not ``generate_latest(registry)``: it types TEI's three request counters
+as counters under their bare names, as TEI does.
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 # Latency buckets in seconds, 1 ms .. 60 s.
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -14,6 +16,8 @@ _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5
 _RATIO = tuple(round(0.05 * i, 2) for i in range(1, 19)) + (0.92, 0.94, 0.96, 0.98, 0.99, 1.0)
 _BATCH_SIZE = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _BATCH_TOKENS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
+# TEI's request counters: Prometheus counters named without the _total suffix.
+TEI_COUNTERS = ("te_request_count", "te_request_success", "te_request_failure")
 
 
 class Metrics:
@@ -21,12 +25,16 @@ class Metrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry if registry is not None else CollectorRegistry()
-        # NOTE: prometheus_client exposes every Counter as NAME_total, while TEI (Rust exporter)
-        # exposes these three under their bare names; monotonic Gauges keep the exact TEI names so
-        # TEI dashboards and alerts (rate(te_request_count[...])) work unchanged.
-        self.request_count = Gauge("te_request_count", "Requests received (counter)", ["method"], registry=r)
-        self.request_success = Gauge("te_request_success", "Requests served (counter)", ["method"], registry=r)
-        self.request_failure = Gauge("te_request_failure", "Requests failed (counter)", ["err"], registry=r)
+        # NOTE: TEI (the Rust `metrics` exporter) exposes these three as counters under their bare
+        # names, which TEI dashboards query (rate(te_request_count[...])). prometheus_client renders
+        # any counter as NAME_total, so they are Counters here, reported by _BareCounters under the
+        # bare names, and exposition() types them `counter`. promtool's lint still notes the missing
+        # _total (and te_request_count's _count) suffix: TEI's names, kept on purpose.
+        own = CollectorRegistry(auto_describe=False)  # the Counters' own, never scraped directly
+        self.request_count = Counter("te_request_count", "Requests received", ["method"], registry=own)
+        self.request_success = Counter("te_request_success", "Requests served", ["method"], registry=own)
+        self.request_failure = Counter("te_request_failure", "Requests failed", ["err"], registry=own)
+        r.register(_BareCounters((self.request_count, self.request_success, self.request_failure)))
         self.request_duration = Histogram("te_request_duration", "End-to-end request time (s)", buckets=_LATENCY, registry=r)
         self.tokenization_duration = Histogram(
             "te_request_tokenization_duration", "Tokenization time (s)", buckets=_LATENCY, registry=r
@@ -63,9 +71,36 @@ class Metrics:
         self.prefix_cache = _PrefixCacheCollector()  # zeros until a cache is watched
         r.register(self.prefix_cache)
 
+    def exposition(self) -> bytes:
+        """The /metrics body (Prometheus text format 0.0.4), TEI's request counters typed counter."""
+        text = generate_latest(self.registry)
+        for name in TEI_COUNTERS:
+            text = text.replace(f"# TYPE {name} gauge\n".encode(), f"# TYPE {name} counter\n".encode(), 1)
+        return text
+
     def watch_prefix_cache(self, cache) -> None:
         """Report this prefix cache's counters (its ``stats()``, read at scrape time); None: zeros."""
         self.prefix_cache.cache = cache
+
+
+class _BareCounters:
+    """TEI's counters under their bare names (no _total, no _created).
+
+    Typed gauge here, because a plain ``generate_latest`` renders any counter family as NAME_total;
+    ``Metrics.exposition`` retypes them. Read at scrape time from the Counter objects.
+    """
+
+    def __init__(self, counters) -> None:
+        self.counters = counters
+
+    def collect(self):
+        for counter in self.counters:
+            for family in counter.collect():
+                bare = Metric(family.name, family.documentation + " (counter)", "gauge")
+                for sample in family.samples:
+                    if sample.name == family.name + "_total":
+                        bare.add_sample(family.name, sample.labels, sample.value)
+                yield bare
 
 
 class _PrefixCacheCollector:

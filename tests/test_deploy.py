@@ -18,7 +18,7 @@ yaml = pytest.importorskip("yaml")
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
-ARCHS = "8.0;8.6;8.9;9.0"
+ARCHS = "8.0;8.6;8.9;9.0+PTX"
 
 
 # --- Dockerfile --------------------------------------------------------------------------------
@@ -79,10 +79,11 @@ def test_dockerfile_stages_and_default_target(stages):
     assert set(order) == {"cuda-build", "cpu", "gpu"}
     assert order[-1] == "gpu", "the default target (last stage) must be the GPU image"
     assert stages["cuda-build"]["base"].startswith("nvidia/cuda:") and "-devel-" in stages["cuda-build"]["base"]
-    assert stages["gpu"]["base"].startswith("nvidia/cuda:") and "-runtime-" in stages["gpu"]["base"]
+    # The CUDA *base* image: torch's wheel ships the CUDA libraries the runtime image would duplicate.
+    assert stages["gpu"]["base"].startswith("nvidia/cuda:") and "-base-" in stages["gpu"]["base"]
     assert stages["cpu"]["base"] == "python:3.11-slim"
-    # Devel and runtime bases come from the same CUDA/Ubuntu args, so the venv's python matches.
-    assert stages["cuda-build"]["base"].replace("-devel-", "-runtime-") == stages["gpu"]["base"]
+    # Devel and base images come from the same CUDA/Ubuntu args, so the venv's python matches.
+    assert stages["cuda-build"]["base"].replace("-devel-", "-base-") == stages["gpu"]["base"]
 
 
 # NOTE: ids must not be "gpu": conftest skips every item carrying a "gpu" keyword without CUDA.
@@ -145,7 +146,7 @@ def test_flash_attn_stage_has_arch_list_and_job_cap(stages):
     build = stages["cuda-build"]
     args = {k: (v or "").strip('"') for k, v in args_of(build).items()}
     flash_archs = args["FLASH_ATTN_CUDA_ARCHS"].split(";")
-    torch_archs = {a.replace(".", "") for a in env_of(build)["TORCH_CUDA_ARCH_LIST"].split(";")}
+    torch_archs = {a.removesuffix("+PTX").replace(".", "") for a in env_of(build)["TORCH_CUDA_ARCH_LIST"].split(";")}
     assert flash_archs and set(flash_archs) <= torch_archs, (flash_archs, torch_archs)
     assert 1 <= int(args["MAX_JOBS"]) <= 8 and 1 <= int(args["NVCC_THREADS"]) <= 4
     runs = [a for k, a in build["instrs"] if k == "RUN"]
@@ -156,6 +157,77 @@ def test_flash_attn_stage_has_arch_list_and_job_cap(stages):
         assert f"{var}=" in run and "${" + var + "}" in run, var
     assert "--no-build-isolation" in run and "import flash_attn" in run  # fails the build, not a start
     assert any("ninja" in r for r in runs[:flash[0]])  # without ninja the build is serial, hours
+
+
+def _comment_before(text: str, marker: str) -> str:
+    """The comment lines right above the first line containing ``marker``."""
+    lines = text.splitlines()
+    at = next(i for i, line in enumerate(lines) if marker in line)
+    block = []
+    for line in reversed(lines[:at]):
+        if not line.startswith("#"):
+            break
+        block.append(line.lstrip("# "))
+    return " ".join(reversed(block))
+
+
+def test_gpu_image_is_the_cuda_base_with_its_size_reasoning(stages):
+    """No second copy of cuBLAS & co.: the comment says why, in gigabytes."""
+    assert "-runtime-" not in stages["gpu"]["base"] and "cudnn" not in stages["gpu"]["base"]
+    why = _comment_before((ROOT / "Dockerfile").read_text(), " AS gpu")
+    assert "nvidia-*" in why and "cuBLAS" in why and re.search(r"\d(\.\d)? GB", why), why
+
+
+def test_arch_list_carries_ptx_of_the_newest_arch(stages):
+    """A GPU newer than every listed arch JIT-compiles the embedded PTX instead of finding no kernel."""
+    archs = env_of(stages["cuda-build"])["TORCH_CUDA_ARCH_LIST"].split(";")
+    assert archs[-1].endswith("+PTX"), archs
+    numbers = [float(a.removesuffix("+PTX")) for a in archs]
+    assert numbers[-1] == max(numbers) and sum(a.endswith("+PTX") for a in archs) == 1
+
+
+def test_gpu_image_sets_expandable_segments(stages):
+    conf = env_of(stages["gpu"]).get("PYTORCH_CUDA_ALLOC_CONF", "")
+    assert "expandable_segments:True" in conf.split(","), conf
+
+
+def _seconds(duration: str) -> float:
+    total = 0.0
+    for number, unit in re.findall(r"(\d+(?:\.\d+)?)(h|m|s|ms)", duration):
+        total += float(number) * {"h": 3600, "m": 60, "s": 1, "ms": 1e-3}[unit]
+    return total
+
+
+@pytest.mark.parametrize("target", ["gpu", "cpu"], ids=["gpu-target", "cpu-target"])
+def test_healthcheck_start_period_covers_a_cold_16gb_download(stages, target):
+    """16 GB (an 8B model in bf16) at 10 MB/s is 1600 s; the check must not kill the download."""
+    check = next(a for k, a in stages[target]["instrs"] if k == "HEALTHCHECK")
+    period = re.search(r"--start-period=(\S+)", check)
+    assert period and _seconds(period.group(1)) >= 16e9 / 10e6, check
+    ops = (ROOT / "docs" / "operations.md").read_text()
+    assert "Pre-downloading the model" in ops  # the other way: fill the volume before starting
+
+
+@pytest.mark.parametrize("target", ["gpu", "cpu"], ids=["gpu-target", "cpu-target"])
+def test_final_images_preload_jemalloc_they_install_and_cap_onednn_caches(stages, target):
+    """glibc's malloc keeps growing under churn where jemalloc settles, and the per-shape primitive
+    caches of oneDNN hold hundreds of MB at their default size (docs/benchmarks.md, section 8)."""
+    instrs = stages[target]["instrs"]
+    preload = [i for i, (k, a) in enumerate(instrs) if k == "ENV" and "LD_PRELOAD" in a]
+    assert preload and env_of(stages[target])["LD_PRELOAD"] == "libjemalloc.so.2"
+    installs = [i for i, (k, a) in enumerate(instrs) if k == "RUN" and re.search(r"apt-get install .*libjemalloc2", a)]
+    assert installs and installs[0] < preload[0]  # installed before any later RUN runs under the preload
+    # tests/test_allocator.py runs the server under this exact preload
+    env = env_of(stages[target])
+    for cache in ("LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY"):  # oneDNN's per-shape caches
+        assert 1 <= int(env[cache]) < 1024, (cache, env.get(cache))  # below the 1024 default
+
+
+def test_flash_attn_comment_does_not_promise_hopper_kernels():
+    """flash-attn 2 builds the same kernels for sm_90; Hopper's (TMA/WGMMA) are FlashAttention-3."""
+    why = _comment_before((ROOT / "Dockerfile").read_text(), "ARG FLASH_ATTN_CUDA_ARCHS")
+    assert "FlashAttention-2" in why and "FlashAttention-3" in why, why
+    assert not re.search(r"9\.0 gets Hopper", why), why
 
 
 def _torch_pin(text: str) -> str:

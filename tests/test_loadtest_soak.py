@@ -72,3 +72,57 @@ def test_soak_stops_by_itself_at_max_requests(tiny_embedding_dir):
     assert time.monotonic() - t0 < 30  # the request cap ended it, not the 60 s duration
     assert sum(n for v in result.statuses.values() for n in v.values()) == 10
     assert result.samples and result.samples[-1].requests == 10
+
+
+def test_rss_summary_start_peak_end_and_slopes():
+    from loadtest.soak_rss import rss_markdown, rss_summary
+
+    mib = 2 ** 20
+    # 100 MiB growing 3 MiB a minute for 5 minutes, then flat at 115 MiB for 5 more; 50 requests a minute.
+    rss = [100 + 3 * m for m in range(6)] + [115] * 5
+    samples = [soak.Sample(60.0 * m, r * mib, 10, 0.0, 50 * m, 200) for m, r in enumerate(rss)]
+    s = rss_summary(samples)
+    assert (s["start_mib"], s["peak_mib"], s["end_mib"]) == (100.0, 115.0, 115.0)
+    assert s["end_over_start"] == 1.15
+    assert 0 < s["slope_mib_per_min"] < 3  # grew, then settled
+    assert s["second_half_slope_mib_per_min"] == 0.0 and s["second_half_slope_mib_per_1k_requests"] == 0.0
+    # over the rising part alone the slope is the 3 MiB a minute put in: 60 MiB per 1000 requests
+    rising = rss_summary(samples[:6])
+    assert rising["slope_mib_per_min"] == 3.0 and rising["slope_mib_per_1k_requests"] == 60.0
+    line = rss_markdown(s)[0]
+    assert "start 100.0 MiB" in line and "peak 115.0 MiB" in line and "second half +0.00 MiB/min" in line
+    assert rss_summary([soak.Sample(0.0, None, None, None, 0, 200)]) is None
+    assert "not sampled" in rss_markdown(None)[0]
+
+
+def test_churn_inputs_differ_repeat_and_stay_bounded():
+    info = {"max_input_length": 16384, "max_client_batch_size": 32}
+    bodies = [soak._body("valid", "embedding", info, i, churn=True) for i in range(40)]
+    texts = [tuple(json.loads(b)["inputs"]) for _, b, _ in bodies]
+    assert len(set(texts)) == 40  # every request different
+    assert soak._body("valid", "embedding", info, 7, churn=True) == bodies[7]  # seeded: a run repeats
+    assert all(json.loads(b)["truncate"] is True for _, b, _ in bodies)
+    words = [len(t.split()) for ts in texts for t in ts]
+    assert max(words) <= soak._CHURN_MAX_WORDS and min(words) >= 1 and len(set(words)) > 10
+    assert 1 <= min(len(t) for t in texts) and max(len(t) for t in texts) <= 4
+    # hostile kinds are unchanged by churn; without churn the valid body is the fixed one
+    assert soak._body("malformed_json", "embedding", info, 3, churn=True) == soak._body("malformed_json", "embedding", info, 3)
+    assert json.loads(soak._body("valid", "embedding", info, 3)[1])["inputs"][0] == "soak input 3"
+    route, body, _ = soak._body("valid", "reranker", info, 5, churn=True)
+    assert route == "/rerank" and json.loads(body)["texts"]
+
+
+def test_soak_with_churn_reports_rss_and_throughput(tiny_embedding_dir, tmp_path):
+    app = create_app(ServerConfig(model_id=str(tiny_embedding_dir)), runner=cached_runner(str(tiny_embedding_dir)))
+    with ServerThread(app) as srv:
+        rc = cli.main(["soak", "--target", srv.url, "--duration", "1.5", "--concurrency", "2", "--interval", "0.3",
+                       "--pid", str(os.getpid()), "--churn", "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "soak.json").read_text())
+    assert rc == 0 and data["ok"], data["problems"]
+    assert data["config"]["churn"] is True and data["statuses"]["valid"].get("200", 0) > 0
+    assert data["valid_per_s"] > 0
+    rss = data["rss"]
+    assert rss["start_mib"] <= rss["peak_mib"] and rss["end_mib"] <= rss["peak_mib"]
+    assert abs(rss["peak_mib"] - max(s["rss_bytes"] for s in data["samples"]) / 2 ** 20) <= 0.05
+    md = (tmp_path / "soak.md").read_text()
+    assert "churning inputs" in md and "RSS: start" in md and "Valid requests served" in md

@@ -26,7 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from loadtest import cli, compare, scrape
-from server.testing import free_port
+from tests.serving import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 RENDER = ROOT / "deploy" / "haproxy" / "render.sh"

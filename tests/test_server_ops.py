@@ -39,11 +39,13 @@ def _start(runner, model_dir, **overrides) -> ServerThread:
 
 
 def metric(url: str, name: str, **labels) -> float:
+    """A series' value summed over the other labels. NOTE: prometheus_client's parser names a
+    counter's samples NAME_total even where the text (TEI's te_request_*) says NAME."""
     text = httpx.get(url + "/metrics").text
     total = 0.0
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()):
+            if sample.name in (name, name + "_total") and all(sample.labels.get(k) == v for k, v in labels.items()):
                 total += sample.value
     return total
 

@@ -7,7 +7,7 @@ out of rotation. /metrics renders the app's own registry (one per app).
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 
 from server.routes.schemas_compat import InfoCompat
 from server.service.core import Service
@@ -29,7 +29,7 @@ class OpsRoutes:
 
     async def metrics(self) -> Response:
         self.service.metrics.queue_size.set(self.service.scheduler.queue_size)
-        return Response(generate_latest(self.service.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(self.service.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
 
 def build_router(service: Service, *, info: dict) -> APIRouter:
