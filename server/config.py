@@ -57,7 +57,8 @@ class ServerConfig:
     max_batch_tokens: int = option(16384, "token budget of one forward", minimum=1)
     max_batch_requests: int | None = option(None, "cap on items per forward", minimum=1)
     max_concurrent_requests: int = option(
-        4096, "permits, one per input item; none left: immediate 429 (must be >= --max-client-batch-size)", minimum=1)
+        4096, "permits, one per input item; none left: immediate 429 (must be >= --max-client-batch-size; "
+        "when that is not given, it follows the permits below 2048)", minimum=1)
     max_client_batch_size: int = option(2048, "inputs per HTTP request", minimum=1)
     max_input_length: int | None = option(None, "tokens per input (default: the model's max positions)", minimum=1)
     auto_truncate: bool = option(True, "truncate over-long inputs when a request does not say")
