@@ -1,5 +1,6 @@
 """TEI's dialect: POST /embed, /rerank, /similarity, /embed_all, /tokenize, /decode, POST / and
-/invocations (dispatch), GET / and /ping (health).
+/invocations (dispatch), GET / and /ping (health); /predict and /embed_sparse (classifiers and
+SPLADE, not served here) answer a 400 that names the route to use.
 
 /embed: inputs str or [str] -> [[float]], normalized unless normalize=false, Matryoshka
 ``dimensions`` cut first. /rerank: query + texts -> [{index, score, text?}] by score, descending
@@ -37,6 +38,8 @@ from server.service.core import Call, Service
 from server.service.results import ranked
 
 DISPATCHED = ("/", "/invocations")
+# TEI routes of model kinds not served here -> what they serve (their answer names the route to use).
+UNSERVED = {"/predict": "sequence classification models", "/embed_sparse": "SPLADE sparse embeddings"}
 
 
 def embedding_body(data: dict) -> type[EmbedRequest | SimilarityRequest]:
@@ -213,6 +216,17 @@ class TeiRoutes:
         texts = await self.service.decode(id_lists(body.ids), skip_special_tokens=body.skip_special_tokens)
         return JSONResponse(texts)
 
+    async def not_served(self, request: Request) -> Response:
+        """TEI's routes for model kinds this server does not run: a 400 that names the route to use."""
+        path = request.url.path
+        what = UNSERVED[path]
+        use = "/rerank or /v1/rerank" if self.service.runner.kind == "reranker" else "/embed or /v1/embeddings"
+        raise ApiError(
+            "wrong_model",
+            f"{path} serves {what}; this server serves dense embeddings and rerankers (it runs a "
+            f"{self.service.runner.kind} model, {self.service.runner.model_id}): use {use}",
+        )
+
     async def healthy(self) -> Response:
         self.service.check_alive()
         return Response(status_code=200)
@@ -236,6 +250,9 @@ def build_router(service: Service, *, model_name: str) -> APIRouter:
     post("/similarity", tei.similarity, list[float], SimilarityRequest)
     post("/embed_all", tei.embed_all, list[list[list[float]]], EmbedAllRequest)
     post("/decode", tei.decode, list[str], DecodeRequest)
+    for path, what in UNSERVED.items():
+        router.add_api_route(path, tei.not_served, methods=["POST"], tags=["TEI"],
+                             summary=f"Not served: {what}; answers 400 naming the route to use")
     return router
 
 
