@@ -64,7 +64,9 @@ class ServerConfig:
     auto_truncate: bool = option(True, "truncate over-long inputs when a request does not say")
     tokenization_workers: int | None = option(
         None, "threads that tokenize requests (default: CPU cores - 1, at least 2, at most 64)", minimum=1)
-    radix_mlp_threshold: float = option(0.95, "use the prefix trie iff compact/original < threshold; 1 always; 0 never")
+    radix_mlp_threshold: float = option(
+        0.95, "use the prefix trie iff compact/original < threshold and it saves enough work to pay for "
+              "itself; 1 always; 0 never")
     radix_attention: str = option("compact", "attention over the compact rows", choices=RADIX_ATTENTION)
     batching_policy: str = option(
         "fifo", "fifo, or prefix: form batches from requests that share prefixes (with aging)",
