@@ -20,6 +20,9 @@ from tests.serving import serve
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
 litellm = pytest.importorskip("litellm", reason="litellm is not installed (pip install -e '.[clients]')")
 
+# litellm's own pydantic models warn at import about TypedDict ReadOnly items: not ours to fix.
+pytestmark = pytest.mark.filterwarnings("ignore:Item .* is using the `ReadOnly` qualifier:UserWarning")
+
 QUERY = "what is the capital of france"
 DOCS = [
     "paris is the capital and most populous city of france",
