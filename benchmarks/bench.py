@@ -1,4 +1,4 @@
-"""Benchmark CLI: `python -m benchmarks.bench forward ...` or `python -m benchmarks.bench index ...`.
+"""Benchmark CLI: `python -m benchmarks.bench forward ...`, `... index ...` or `... gate ...`.
 
 Each subcommand's module is imported only when chosen (the index benchmark needs no model).
 """
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-USAGE = "usage: python -m benchmarks.bench {forward,index} [options]  (--help after the subcommand)"
+USAGE = "usage: python -m benchmarks.bench {forward,index,gate} [options]  (--help after the subcommand)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +23,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import bench_index
 
         return bench_index.main(rest) or 0
+    if command == "gate":
+        from benchmarks import bench_gate
+
+        return bench_gate.main(rest) or 0
     print(f"unknown benchmark {command!r}\n{USAGE}", file=sys.stderr)
     return 2
 

@@ -19,6 +19,22 @@ def check_radix_mlp_threshold(value: float, name: str = "radix_mlp_threshold") -
     return float(value)
 
 
-def use_index(threshold: float, ratio: float) -> bool:
-    """The trie gate: 0 never (the trie is not even built), 1 always, else iff N'/N < threshold."""
-    return threshold >= 1.0 or (threshold > 0.0 and ratio < threshold)
+# The trie's own cost is paid per batch whatever it finds: building it and the batch layout on the
+# host, one K/V gather per layer; its gain is the position-wise work (QKV, O, MLP) of the rows it
+# removes, which grows with saved rows x hidden size. Below this much saved work a batch runs
+# without it. Measured with `python -m benchmarks.bench gate` on a 2-core CPU (a whole batch,
+# prepare + run, with and without the trie, alternating): hidden 64 (the tiny fixtures) broke even
+# near 8,192 (128 saved rows: 1.01x; 56: 0.90x; 224: 1.06x; 896: 4.3x); hidden 1024 (Qwen3-0.6B's
+# layers) gained already at a few saved rows. Twice the break-even, so a tiny forward never pays
+# for the trie: the tiny fixtures need 256 saved rows, Qwen3-0.6B 16, Qwen3-8B 4.
+MIN_SAVED_WORK = 16384
+
+
+def use_index(threshold: float, ratio: float, *, saved_rows: int, hidden_size: int) -> bool:
+    """The trie gate: 0 never (the trie is not even built), 1 always; else iff N'/N < threshold
+    and the trie saves at least MIN_SAVED_WORK (saved rows N - N' times the hidden size)."""
+    if threshold >= 1.0:
+        return True
+    if threshold <= 0.0 or ratio >= threshold:
+        return False
+    return saved_rows * hidden_size >= MIN_SAVED_WORK

@@ -109,7 +109,8 @@ class Runner:
         if self.radix_mlp_threshold > 0.0:
             built = build_index(input_ids, positions_from_cu_seqlens(cu_seqlens), cu_seqlens)
             ratio = float(built.ratio)
-            if use_index(self.radix_mlp_threshold, ratio):
+            saved = n - len(built.compact_ids)
+            if use_index(self.radix_mlp_threshold, ratio, saved_rows=saved, hidden_size=self.hidden_size):
                 index = built
         # NOTE: tokens read from the prefix cache have no hidden-state row (only pooled K/V), so a
         # batch with per-token items runs without it. Leaving out only those items' sequences is

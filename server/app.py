@@ -26,7 +26,7 @@ from server.http.docs import install_docs
 from server.http.errors import install_handlers
 from server.http.front_door import FrontDoor
 from server.http.lifecycle import DrainGate, Lifecycle
-from server.routes import cohere, openai, ops, tei
+from server.routes import cohere, infinity, openai, ops, tei
 from server.service.contract import ServedRunner, ServedScheduler
 from server.service.core import Limits, Service
 from server.service.info import build_info, startup_line, version
@@ -178,9 +178,10 @@ def create_app(config: ServerConfig, runner: ServedRunner | None = None,
     install_handlers(app, on_error=on_error)
     info = app.state.info = build_info(config, runner, max_input_length=service.limits.max_input_length,
                                        tokenization_workers=service.tok.workers)
-    app.include_router(tei.build_router(service))
+    app.include_router(tei.build_router(service, model_name=config.model_name))
     app.include_router(openai.build_router(service, model_name=config.model_name))
     app.include_router(cohere.build_router(service, model_name=config.model_name))
+    app.include_router(infinity.build_router(service, model_name=config.model_name))
     app.include_router(ops.build_router(service, info=info))
     install_docs(app, title="radixserve")
     add_middleware(app, config, lifecycle, on_error=on_error)

@@ -50,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 def load_config(argv: list[str] | None = None, environ=None) -> tuple[ServerConfig, list[str]]:
     """Defaults < environment < command line; bad values exit with status 2. Returns warnings too."""
     parser = build_parser()
+    _refuse_foreign_flags(parser, sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     try:
         values, notes = env_values(environ)
@@ -62,14 +63,48 @@ def load_config(argv: list[str] | None = None, environ=None) -> tuple[ServerConf
             values[name] = convert(name, text)
         except ValueError as exc:
             parser.error(f"{flag_name(name)}: {exc}")
+    notes += _derive_client_batch_size(values)
     try:
         config = ServerConfig(**values)
     except (TypeError, ValueError) as exc:
         parser.error(str(exc))
     notes += config.inert_flags()
+    if config.revision is not None and os.path.isdir(os.path.expanduser(config.model_id)):
+        notes.append(f"--revision {config.revision!r} is ignored: --model-id {config.model_id!r} is a local "
+                     "directory, served as it is")
     if config.hf_api_token is not None:
         notes.append("--hf-api-token (HF_API_TOKEN) is deprecated, as in TEI: use --hf-token (HF_TOKEN)")
     return config, notes
+
+
+# Flags of other servers that a user may carry over, with what to use here instead.
+_FOREIGN_FLAGS = {
+    "--device-id": "--device-id is Infinity's flag; radixserve serves one model on one device: use "
+                   "--device cuda:N (e.g. --device cuda:0), or CUDA_VISIBLE_DEVICES=N with --device cuda",
+}
+
+
+def _refuse_foreign_flags(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """Exit 2 with a pointer to our own flag, rather than argparse's bare 'unrecognized arguments'."""
+    for arg in argv:
+        if arg == "--":
+            return
+        pointer = _FOREIGN_FLAGS.get(arg.split("=", 1)[0])
+        if pointer:
+            parser.error(pointer)
+
+
+def _derive_client_batch_size(values: dict) -> list[str]:
+    """Permits fewer than the default client batch size, and no client batch size given: the
+    largest request is the permits (TEI's launch lines set 512 permits alone). Only a client batch
+    size the user gave can contradict the permits (ServerConfig refuses that)."""
+    permits = values.get("max_concurrent_requests")
+    default = ServerConfig.__dataclass_fields__["max_client_batch_size"].default
+    if "max_client_batch_size" in values or permits is None or permits >= default:
+        return []
+    values["max_client_batch_size"] = permits
+    return [f"--max-client-batch-size set to {permits} (--max-concurrent-requests; the default {default} "
+            "could never be admitted); set it to choose another value up to the permits"]
 
 
 def parse_config(argv: list[str] | None = None, environ=None) -> ServerConfig:

@@ -57,13 +57,16 @@ class ServerConfig:
     max_batch_tokens: int = option(16384, "token budget of one forward", minimum=1)
     max_batch_requests: int | None = option(None, "cap on items per forward", minimum=1)
     max_concurrent_requests: int = option(
-        4096, "permits, one per input item; none left: immediate 429 (must be >= --max-client-batch-size)", minimum=1)
+        4096, "permits, one per input item; none left: immediate 429 (must be >= --max-client-batch-size; "
+        "when that is not given, it follows the permits below 2048)", minimum=1)
     max_client_batch_size: int = option(2048, "inputs per HTTP request", minimum=1)
     max_input_length: int | None = option(None, "tokens per input (default: the model's max positions)", minimum=1)
     auto_truncate: bool = option(True, "truncate over-long inputs when a request does not say")
     tokenization_workers: int | None = option(
         None, "threads that tokenize requests (default: CPU cores - 1, at least 2, at most 64)", minimum=1)
-    radix_mlp_threshold: float = option(0.95, "use the prefix trie iff compact/original < threshold; 1 always; 0 never")
+    radix_mlp_threshold: float = option(
+        0.95, "use the prefix trie iff compact/original < threshold and it saves enough work to pay for "
+              "itself; 1 always; 0 never")
     radix_attention: str = option("compact", "attention over the compact rows", choices=RADIX_ATTENTION)
     batching_policy: str = option(
         "fifo", "fifo, or prefix: form batches from requests that share prefixes (with aging)",

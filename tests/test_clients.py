@@ -1,6 +1,6 @@
 """The client libraries people already use, unchanged, against a real radixserve (uvicorn on
 loopback): openai, huggingface_hub's InferenceClient, cohere (Client and ClientV2), langchain-openai,
-llama-index's TEI embeddings. Values are checked against the server's own /embed and /rerank.
+llama-index's TEI embeddings, haystack's TEI sparse embedder (the clear error of a route not served). Values are checked against the server's own /embed and /rerank.
 
 The libraries come from the ``clients`` extra (.ci/run installs it); a missing one skips its test.
 One embedding server and one reranker server per module: these imports are slow.
@@ -130,3 +130,15 @@ def test_llama_index_tei_embedding(emb):
     np.testing.assert_allclose(model.get_text_embedding(TEXTS[1]), native_embed(emb, [TEXTS[1]])[0], atol=1e-6)
     got = model.get_text_embedding_batch(TEXTS)
     np.testing.assert_allclose(got, native_embed(emb, TEXTS), atol=1e-6)
+
+
+def test_haystack_tei_sparse_embedder_gets_a_clear_error(emb):
+    """haystack's SPLADE embedder posts TEI's /embed_sparse: a 400 that says what to use instead."""
+    hf_api = pytest.importorskip("haystack_integrations.components.embedders.huggingface_api",
+                                 reason="huggingface-api-haystack is not installed")
+    embedder = hf_api.HuggingFaceTEISparseTextEmbedder(api_base_url=emb.url)
+    with pytest.raises(httpx.HTTPStatusError) as info:
+        embedder.run(text=QUERY)
+    answer = info.value.response
+    assert answer.status_code == 400 and answer.json()["error_type"] == "Validation"
+    assert "SPLADE" in answer.json()["error"] and "use /embed or /v1/embeddings" in answer.json()["error"]

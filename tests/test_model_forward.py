@@ -245,3 +245,37 @@ def test_device_boundaries_drive_a_varlen_kernel_exactly(embedding, monkeypatch,
         if mode == "compact" and case in ("complex", "64-share-200"):
             assert sum(calls[0][0]) < sum(calls[0][1])  # queries: the owners' new nodes only
         assert (got - oracle.embed(seqs, "last-token")).abs().max().item() < TOL, case
+
+
+def test_the_trie_gate_weighs_saved_work():
+    """0 never, 1 always; between, N'/N under the threshold *and* saved rows x hidden >= MIN_SAVED_WORK."""
+    from models.options import MIN_SAVED_WORK, use_index
+
+    rows = MIN_SAVED_WORK // 64
+    assert use_index(1.0, 1.0, saved_rows=0, hidden_size=64)
+    assert not use_index(0.0, 0.01, saved_rows=10**6, hidden_size=4096)
+    assert not use_index(0.95, 0.5, saved_rows=rows - 1, hidden_size=64)
+    assert use_index(0.95, 0.5, saved_rows=rows, hidden_size=64)
+    assert use_index(0.95, 0.5, saved_rows=rows // 16, hidden_size=1024)
+    assert not use_index(0.95, 0.95, saved_rows=10**6, hidden_size=4096)
+
+
+def test_the_gate_changes_the_rows_run_never_the_outputs(embedding, tiny_embedding_dir):
+    """A tiny model with a short shared prefix runs without the trie (it would cost more than it
+    saves); a long one runs with it; either way the outputs are the transformers oracle's."""
+    from models.options import MIN_SAVED_WORK
+
+    _, oracle = embedding
+    runner = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32", prefix_cache_size="0")
+    assert runner.radix_mlp_threshold == 0.95 and runner.hidden_size == 64
+    rng = np.random.default_rng(3)
+    for prefix_len, used in ((20, False), (MIN_SAVED_WORK // 64, True)):
+        head = rng.integers(100, 5000, prefix_len).tolist()
+        seqs = [head + rng.integers(100, 5000, 6).tolist() for _ in range(2)]
+        ids, cu = _pack(seqs)
+        prepared = runner.prepare(ids, cu)
+        assert prepared.ratio < 0.95 and prepared.used_index is used, prefix_len
+        assert prepared.n_compact == (len(ids) - prefix_len if used else len(ids))
+        assert (runner.run(prepared) - oracle.embed(seqs, "last-token")).abs().max().item() < TOL
+        forced = dataclasses.replace(runner, radix_mlp_threshold=1.0).prepare(ids, cu)
+        assert forced.used_index and forced.n_compact == len(ids) - prefix_len

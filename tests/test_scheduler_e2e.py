@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from models import runner as runner_module
+from models.options import MIN_SAVED_WORK
 from models.radix import build_index, positions_from_cu_seqlens
 from scheduler.forming import PrefixPolicy
 from tests.test_scheduler import FakeRunner, expected, run_async
@@ -106,7 +107,9 @@ def test_runner_prepare_builds_and_gates_the_trie(tiny_embedding_dir, threshold,
     monkeypatch.setattr(runner_module, "build_index", lambda *a: built.append(build_index(*a)) or built[-1])
     shared = [[5, 6, 7, 8, 9], [5, 6, 7, 1], [5, 6, 2, 3, 4, 4]]  # N'/N 12/15 = 0.8
     distinct = [[10, 11], [12, 13]]  # N'/N 1.0
-    for seqs in (shared, distinct):
+    head = list(range(100, 300))
+    long_shared = [head + [1, 2, 3, 4], head + [5, 6, 7, 8], head + [9, 10, 11, 12]]  # 400 rows saved
+    for seqs in (shared, distinct, long_shared):
         ids = np.array([t for s in seqs for t in s], np.int32)
         cu = np.cumsum([0] + [len(s) for s in seqs]).astype(np.int32)
         p = runner.prepare(ids, cu)
@@ -117,7 +120,10 @@ def test_runner_prepare_builds_and_gates_the_trie(tiny_embedding_dir, threshold,
             continue
         index = build_index(ids, positions_from_cu_seqlens(cu), cu)
         assert built[-1].ratio == p.ratio == index.ratio
-        assert p.used_index == (threshold >= 1.0 or index.ratio < threshold)
+        saved_work = (len(ids) - len(index.compact_ids)) * runner.hidden_size  # too little for `shared`
+        assert p.used_index == (threshold >= 1.0 or (index.ratio < threshold and saved_work >= MIN_SAVED_WORK))
+        if seqs is long_shared:
+            assert p.used_index
         assert p.n_compact == (len(index.compact_ids) if p.used_index else len(ids))
         assert p.forward.mode == ("compact" if p.used_index else "off")
         assert p.forward.num_rows == p.n_compact

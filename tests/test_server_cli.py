@@ -95,12 +95,47 @@ def test_api_key_absent_means_no_auth_and_real_keys_are_kept():
 
 
 def test_permits_must_admit_the_largest_request(capsys):
-    message = _exit_message(["--max-concurrent-requests", "100"], {}, capsys)
+    message = _exit_message(["--max-concurrent-requests", "100", "--max-client-batch-size", "2048"], {}, capsys)
     assert "--max-concurrent-requests (100) is smaller than --max-client-batch-size (2048)" in message
     message = _exit_message([], {"MAX_CLIENT_BATCH_SIZE": "9000"}, capsys)
     assert "could never be admitted" in message
+    message = _exit_message(["--max-concurrent-requests", "100"], {"MAX_CLIENT_BATCH_SIZE": "101"}, capsys)
+    assert "--max-concurrent-requests (100) is smaller than --max-client-batch-size (101)" in message
     c = parse_config(["--max-concurrent-requests", "100", "--max-client-batch-size", "100"], environ={})
     assert (c.max_concurrent_requests, c.max_client_batch_size) == (100, 100)
+
+
+@pytest.mark.parametrize("argv,env", [
+    (["--max-concurrent-requests", "512"], {}),
+    ([], {"MAX_CONCURRENT_REQUESTS": "512"}),
+])
+def test_permits_alone_set_the_client_batch_size(argv, env):
+    """TEI's launch lines give 512 permits and no client batch size: the largest request is 512."""
+    config, notes = load_config(argv, environ=env)
+    assert (config.max_concurrent_requests, config.max_client_batch_size) == (512, 512)
+    assert any("--max-client-batch-size set to 512" in n for n in notes)
+    config, notes = load_config(["--max-concurrent-requests", "3000"], environ={})
+    assert (config.max_concurrent_requests, config.max_client_batch_size) == (3000, 2048)
+    assert not any("--max-client-batch-size" in n for n in notes)
+    config, notes = load_config(["--max-concurrent-requests", "512", "--max-client-batch-size", "8"], environ={})
+    assert config.max_client_batch_size == 8 and not any("--max-client-batch-size" in n for n in notes)
+
+
+@pytest.mark.parametrize("argv", [["--device-id", "0"], ["--device-id=1", "--port", "80"]])
+def test_infinitys_device_id_points_to_device(argv, capsys):
+    message = _exit_message(argv, {}, capsys)
+    assert "--device-id is Infinity's flag" in message and "--device cuda:N" in message
+
+
+def test_revision_of_a_local_directory_is_ignored_with_a_warning(tmp_path):
+    config, notes = load_config(["--model-id", str(tmp_path), "--revision", "v2"], environ={})
+    assert config.revision == "v2"
+    assert [n for n in notes if "--revision" in n] == [
+        f"--revision 'v2' is ignored: --model-id {str(tmp_path)!r} is a local directory, served as it is"]
+    _, notes = load_config(["--model-id", "Qwen/Qwen3-Embedding-0.6B", "--revision", "v2"], environ={})
+    assert not any("--revision" in n for n in notes)
+    _, notes = load_config(["--model-id", str(tmp_path)], environ={})
+    assert not any("--revision" in n for n in notes)
 
 
 @pytest.mark.parametrize("argv,needle", [

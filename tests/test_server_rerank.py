@@ -120,6 +120,65 @@ def test_v1_rerank_cohere_and_jina(servers, oracle, tiny_reranker_dir):
     assert all(x["document"] == {"text": DOCS[x["index"]]} for x in body["results"])
 
 
+@pytest.mark.parametrize("path", ["/rerank", "/"])
+def test_rerank_documents_answer_in_vllms_dialect(servers, oracle, tiny_reranker_dir, path):
+    """/rerank (and POST / on a reranker) with Cohere/Jina/Infinity/vLLM's ``documents``: vLLM's answer."""
+    url = servers["compact"].url
+    ref = [sigmoid(oracle(QUERY, d)) for d in DOCS]
+    order = sorted(range(len(DOCS)), key=lambda i: -ref[i])
+    r = httpx.post(url + path, json={"query": QUERY, "documents": DOCS, "top_n": 3, "model": "m"}, timeout=60)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == {"id", "model", "results", "usage"} and body["model"] == str(tiny_reranker_dir)
+    assert body["usage"]["prompt_tokens"] == body["usage"]["total_tokens"] > 0
+    assert [x["index"] for x in body["results"]] == order[:3]
+    for x in body["results"]:  # unset return_documents answers them, as vLLM does
+        assert abs(x["relevance_score"] - ref[x["index"]]) < 1e-4 and x["document"] == {"text": DOCS[x["index"]]}
+    objects = {"query": QUERY, "documents": [{"text": d} for d in DOCS], "return_documents": False}
+    body = httpx.post(url + path, json=objects, timeout=60).json()
+    assert [x["index"] for x in body["results"]] == order and all("document" not in x for x in body["results"])
+    tei = httpx.post(url + path, json={"query": QUERY, "texts": DOCS}, timeout=60).json()
+    assert [x["index"] for x in tei] == order and all(set(x) == {"index", "score"} for x in tei)
+    told = {"query": QUERY, "documents": DOCS[:2], "instruction": "Find the city"}
+    for x in httpx.post(url + path, json=told, timeout=60).json()["results"]:
+        assert abs(x["relevance_score"] - sigmoid(oracle(QUERY, DOCS[x["index"]], "Find the city"))) < 1e-4
+
+
+@pytest.mark.parametrize("body,status", [
+    ({"query": QUERY, "documents": []}, 400),
+    ({"query": "", "documents": ["a"]}, 400),
+    ({"query": QUERY, "documents": ["a"] * 9}, 422),
+    ({"query": QUERY, "documents": ["a"], "top_n": 0}, 422),
+    ({"query": QUERY, "documents": [3]}, 422),
+    ({"documents": ["a"]}, 422),
+])
+def test_rerank_documents_refusals_speak_tei(servers, body, status):
+    r = httpx.post(servers["compact"].url + "/rerank", json=body)
+    assert r.status_code == status, r.text
+    assert set(r.json()) == {"error", "error_type"}
+
+
+def test_infinity_rerank(servers, oracle, tiny_reranker_dir):
+    """/infinity/rerank answers Infinity's shape: a returned document is a plain string."""
+    url = servers["compact"].url
+    raw_ref = [oracle(QUERY, d) for d in DOCS]
+    order = sorted(range(len(DOCS)), key=lambda i: -raw_ref[i])
+    body = {"query": QUERY, "documents": DOCS, "return_documents": True, "top_n": 4, "model": "m"}
+    r = httpx.post(url + "/infinity/rerank", json=body, timeout=60)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["object"] == "rerank" and got["model"] == str(tiny_reranker_dir) and got["id"]
+    assert isinstance(got["created"], int) and got["usage"]["prompt_tokens"] == got["usage"]["total_tokens"] > 0
+    assert [x["index"] for x in got["results"]] == order[:4]
+    for x in got["results"]:
+        assert abs(x["relevance_score"] - sigmoid(raw_ref[x["index"]])) < 1e-4 and x["document"] == DOCS[x["index"]]
+    raw = httpx.post(url + "/infinity/rerank", json={"query": QUERY, "documents": DOCS, "raw_scores": True},
+                     timeout=60).json()
+    for x in raw["results"]:
+        assert abs(x["relevance_score"] - raw_ref[x["index"]]) < 1e-4 and "document" not in x
+    assert httpx.post(url + "/infinity/rerank", json={"query": QUERY, "documents": []}).status_code == 400
+
+
 def test_rerank_truncation(servers, oracle):
     url = servers["short"].url
     long_doc = "lorem ipsum dolor sit amet " * 40

@@ -13,7 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, Discriminator, Field, StrictBool, StrictInt, StrictStr, Tag
 
-from server.routes.schemas import Direction, Info, TokenIds, _Body
+from server.routes.schemas import Direction, Document, Info, OpenAIUsage, TokenIds, _Body
 
 
 # -- TEI ---------------------------------------------------------------------------------------
@@ -105,6 +105,65 @@ class CohereV2RerankRequest(_Body):
     documents: list[StrictStr]
     model: StrictStr | None = None
     top_n: StrictInt | None = Field(None, ge=1)
+
+
+class DocumentsRerankRequest(_Body):
+    """/rerank in the Cohere/Jina/Infinity/vLLM shape (``documents`` rather than TEI's ``texts``).
+    ``return_documents`` unset answers the documents, as vLLM always does; false leaves them out."""
+
+    inputs_field: ClassVar[str] = "documents"
+    inputs_name: ClassVar[str] = "documents"
+
+    query: StrictStr
+    documents: list[Union[StrictStr, Document]]
+    top_n: StrictInt | None = Field(None, ge=1)
+    return_documents: StrictBool | None = None
+    model: StrictStr | None = None
+    instruction: StrictStr | None = Field(None, description="default: the Qwen3-Reranker web-search instruction")
+
+
+class DocumentsRerankResult(BaseModel):
+    index: int
+    relevance_score: float
+    document: Document | None = None
+
+
+class DocumentsRerankResponse(BaseModel):
+    """vLLM's rerank answer (Jina's and Cohere v1's results, OpenAI's usage)."""
+
+    id: str
+    model: str
+    results: list[DocumentsRerankResult]
+    usage: OpenAIUsage
+
+
+class InfinityRerankRequest(_Body):
+    inputs_field: ClassVar[str] = "documents"
+    inputs_name: ClassVar[str] = "documents"
+
+    query: StrictStr
+    documents: list[Union[StrictStr, Document]]
+    top_n: StrictInt | None = Field(None, ge=1)
+    return_documents: StrictBool = False
+    raw_scores: StrictBool = False
+    model: StrictStr | None = None
+
+
+class InfinityRerankResult(BaseModel):
+    relevance_score: float
+    index: int
+    document: str | None = None
+
+
+class InfinityRerankResponse(BaseModel):
+    """Infinity's rerank answer: a returned document is a plain string."""
+
+    object: Literal["rerank"] = "rerank"
+    results: list[InfinityRerankResult]
+    model: str
+    usage: OpenAIUsage
+    id: str
+    created: int
 
 
 class CohereApiVersion(BaseModel):

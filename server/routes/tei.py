@@ -1,10 +1,14 @@
 """TEI's dialect: POST /embed, /rerank, /similarity, /embed_all, /tokenize, /decode, POST / and
-/invocations (dispatch), GET / and /ping (health).
+/invocations (dispatch), GET / and /ping (health); /predict and /embed_sparse (classifiers and
+SPLADE, not served here) answer a 400 that names the route to use.
 
 /embed: inputs str or [str] -> [[float]], normalized unless normalize=false, Matryoshka
 ``dimensions`` cut first. /rerank: query + texts -> [{index, score, text?}] by score, descending
 (sigmoid of the raw score unless raw_scores); an empty document is scored like any other (its
-templated input is not empty), an empty query or list is 400. POST / and POST /invocations
+templated input is not empty), an empty query or list is 400. A /rerank body with ``documents``
+and no ``texts`` (what vLLM and Infinity accept there, and litellm's hosted_vllm/ and infinity/
+send) is answered in vLLM's dialect: {id, model, results: [{index, relevance_score, document?:
+{text}}], usage}, sorted, cut to top_n. POST / and POST /invocations
 (SageMaker's name) answer as the route that serves the body would: /rerank for a reranker; for an
 embedding model /similarity when ``inputs`` is a JSON object ({source_sentence, sentences}), else
 /embed. The body is parsed once (server/http/bodies.py, with a ``pick`` on the parsed JSON) and
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+import uuid
 from typing import Union, cast
 
 from fastapi import APIRouter, Request, Response
@@ -27,16 +32,24 @@ from models import prompts
 from server.http.bodies import openapi_body, parse_body
 from server.http.errors import ApiError
 from server.routes.schemas import EmbedRequest, Rank, RerankRequest, SimpleToken, TokenizeRequest
-from server.routes.schemas_compat import DecodeRequest, EmbedAllRequest, SimilarityRequest
+from server.routes.schemas_compat import (DecodeRequest, DocumentsRerankRequest, DocumentsRerankResponse, EmbedAllRequest,
+                                          SimilarityRequest)
 from server.service.core import Call, Service
 from server.service.results import ranked
 
 DISPATCHED = ("/", "/invocations")
+# TEI routes of model kinds not served here -> what they serve (their answer names the route to use).
+UNSERVED = {"/predict": "sequence classification models", "/embed_sparse": "SPLADE sparse embeddings"}
 
 
 def embedding_body(data: dict) -> type[EmbedRequest | SimilarityRequest]:
     """POST / on an embedding model: /similarity's body when ``inputs`` is an object, else /embed's."""
     return SimilarityRequest if isinstance(data.get("inputs"), dict) else EmbedRequest
+
+
+def rerank_body(data: dict) -> type[RerankRequest | DocumentsRerankRequest]:
+    """/rerank's two shapes: TEI's (``texts``), or Cohere/Jina/Infinity/vLLM's (``documents``, no ``texts``)."""
+    return DocumentsRerankRequest if "documents" in data and "texts" not in data else RerankRequest
 
 
 def texts_of(inputs: str | list[str]) -> list[str]:
@@ -53,8 +66,9 @@ def id_lists(ids: list[int] | list[list[int]]) -> list[list[int]]:
 class TeiRoutes:
     """The TEI handlers of one app, bound to its service."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, service: Service, *, model_name: str) -> None:
         self.service = service
+        self.model_name = model_name
         self.max_items = service.limits.max_client_batch_size
 
     # -- answers shared by a route and the dispatch ----------------------------------------------
@@ -87,6 +101,36 @@ class TeiRoutes:
             out.append(item)
         return JSONResponse(out, headers=result.usage.headers())
 
+    async def answer_documents(self, request: Request, body: DocumentsRerankRequest, call: Call) -> JSONResponse:
+        """/rerank given ``documents``: vLLM's answer (Jina's and Cohere v1's results), cut to top_n."""
+        service = self.service
+        texts = [d if isinstance(d, str) else d.text for d in body.documents]
+        service.check_inputs(len(texts), empty=body.query == "", what="documents")
+        result = await service.rerank(
+            request, call, body.query, texts, truncate=service.truncate(None), direction="right",
+            instruction=body.instruction if body.instruction is not None else prompts.DEFAULT_INSTRUCTION,
+        )
+        scores = result.relevance()
+        results = []
+        for i in ranked(scores)[: body.top_n]:
+            item: dict = {"index": i, "relevance_score": scores[i]}
+            if body.return_documents is not False:
+                item["document"] = {"text": texts[i]}
+            results.append(item)
+        tokens = result.usage.tokens
+        payload = {"id": f"rerank-{uuid.uuid4().hex}", "model": self.model_name, "results": results,
+                   "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        return JSONResponse(payload, headers=result.usage.headers())
+
+    async def answer_any_rerank(self, request: Request, call: Call) -> JSONResponse:
+        """/rerank's body in either shape, answered in that shape's dialect."""
+        # NOTE: ``pick`` may choose DocumentsRerankRequest; parse_body's typing knows one model only.
+        body = await parse_body(request, RerankRequest, max_items=self.max_items,
+                                pick=rerank_body)  # type: ignore[arg-type]
+        if isinstance(body, DocumentsRerankRequest):
+            return await self.answer_documents(request, body, call)
+        return await self.answer_rerank(request, body, call)
+
     async def answer_similarity(self, request: Request, body: SimilarityRequest, call: Call) -> JSONResponse:
         service = self.service
         params = body.parameters
@@ -113,8 +157,7 @@ class TeiRoutes:
         """TEI rerank: query + texts -> [{index, score, text?}] by score, descending."""
         call = self.service.begin("rerank")
         self.service.require("reranker", "/rerank")
-        body = await parse_body(request, RerankRequest, max_items=self.max_items)
-        return await self.answer_rerank(request, body, call)
+        return await self.answer_any_rerank(request, call)
 
     async def similarity(self, request: Request) -> JSONResponse:
         """Cosine similarity of source_sentence with each of sentences, from our embeddings."""
@@ -125,9 +168,7 @@ class TeiRoutes:
 
     async def dispatch(self, request: Request) -> Response:
         if self.service.runner.kind == "reranker":
-            call = self.service.begin("rerank")
-            body = await parse_body(request, RerankRequest, max_items=self.max_items)
-            return await self.answer_rerank(request, body, call)
+            return await self.answer_any_rerank(request, self.service.begin("rerank"))
         start = time.perf_counter()
         parsed: EmbedRequest | SimilarityRequest | None = None
         try:
@@ -175,21 +216,33 @@ class TeiRoutes:
         texts = await self.service.decode(id_lists(body.ids), skip_special_tokens=body.skip_special_tokens)
         return JSONResponse(texts)
 
+    async def not_served(self, request: Request) -> Response:
+        """TEI's routes for model kinds this server does not run: a 400 that names the route to use."""
+        path = request.url.path
+        what = UNSERVED[path]
+        use = "/rerank or /v1/rerank" if self.service.runner.kind == "reranker" else "/embed or /v1/embeddings"
+        raise ApiError(
+            "wrong_model",
+            f"{path} serves {what}; this server serves dense embeddings and rerankers (it runs a "
+            f"{self.service.runner.kind} model, {self.service.runner.model_id}): use {use}",
+        )
+
     async def healthy(self) -> Response:
         self.service.check_alive()
         return Response(status_code=200)
 
 
-def build_router(service: Service) -> APIRouter:
-    tei = TeiRoutes(service)
+def build_router(service: Service, *, model_name: str) -> APIRouter:
+    tei = TeiRoutes(service, model_name=model_name)
     router = APIRouter()
 
-    def post(path: str, endpoint, response_model, body_model) -> None:
+    def post(path: str, endpoint, response_model, *body_models) -> None:
         router.add_api_route(path, endpoint, methods=["POST"], response_model=response_model, tags=["TEI"],
-                             openapi_extra=openapi_body(body_model))
+                             openapi_extra=openapi_body(*body_models))
 
     post("/embed", tei.embed, list[list[float]], EmbedRequest)
-    post("/rerank", tei.rerank, list[Rank], RerankRequest)
+    post("/rerank", tei.rerank, Union[list[Rank], DocumentsRerankResponse], RerankRequest,
+         DocumentsRerankRequest)
     post("/tokenize", tei.tokenize, list[list[SimpleToken]], TokenizeRequest)
     router.add_api_route("/ping", tei.healthy, methods=["GET"], tags=["TEI"], summary="Health (SageMaker)")
     router.add_api_route("/", tei.healthy, methods=["GET"], tags=["TEI"], summary="Health (Inference API)")
@@ -197,6 +250,9 @@ def build_router(service: Service) -> APIRouter:
     post("/similarity", tei.similarity, list[float], SimilarityRequest)
     post("/embed_all", tei.embed_all, list[list[list[float]]], EmbedAllRequest)
     post("/decode", tei.decode, list[str], DecodeRequest)
+    for path, what in UNSERVED.items():
+        router.add_api_route(path, tei.not_served, methods=["POST"], tags=["TEI"],
+                             summary=f"Not served: {what}; answers 400 naming the route to use")
     return router
 
 
@@ -209,7 +265,9 @@ def add_dispatch(router: APIRouter, tei: TeiRoutes) -> None:
             path, tei.dispatch, methods=["POST"], tags=["TEI"], summary=f"TEI compat: dispatch to {targets}",
             description=f"Served as {targets} would serve the same body (an embedding model takes /similarity's "
                         "body when `inputs` is an object)." + (" SageMaker's route." if path == "/invocations" else ""),
-            response_model=list[Rank] if reranker else Union[list[list[float]], list[float]],
-            openapi_extra=openapi_body(RerankRequest) if reranker else openapi_body(EmbedRequest, SimilarityRequest),
+            response_model=(Union[list[Rank], DocumentsRerankResponse] if reranker
+                            else Union[list[list[float]], list[float]]),
+            openapi_extra=(openapi_body(RerankRequest, DocumentsRerankRequest) if reranker
+                           else openapi_body(EmbedRequest, SimilarityRequest)),
             operation_id=f"dispatch_{'root' if path == '/' else 'invocations'}_post",
         )
