@@ -28,7 +28,7 @@ from models.attention_select import select_backend
 from models.batch import ForwardBatch, build_forward_batch
 from models.config import ModelConfig
 from models.linear import pack_linears
-from models.loader import default_device, load_weights, parse_dtype, resolve_model_dir
+from models.loader import default_device, describe_memory, load_weights, memory_report, parse_dtype, resolve_model_dir
 from models.options import KINDS, POOLINGS, RADIX_ATTENTION, check_radix_mlp_threshold, use_index
 from models.pooling import pool, rerank_logits, token_states
 from models.prefix_cache import (BLOCK_TOKENS, DEFAULT_SIZE, PrefixCache, bytes_per_token, cache_refusal,
@@ -85,6 +85,8 @@ class Runner:
     attention_rejected: dict[str, str] = field(default_factory=dict)
     warmup_ms: float | None = None
     linear: str = "F.linear"  # "onednn-packed" when models.linear packed the weights
+    # weights_bytes; on CUDA allocated_bytes and reserved_bytes after load (models.loader.memory_report)
+    memory: dict[str, int] = field(default_factory=dict)
 
     @property
     def attention_report(self) -> dict:
@@ -257,16 +259,20 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
              str(dtype).replace("torch.", ""),
              "; ".join(f"{k} ({v})" for k, v in backend.rejected.items()) or "none")
     ops = AttentionOps(backend, kernels.get_gather_rows(device), kernels.get_gather_rows_pair(device))
-    with torch.device("meta"):
-        model = Qwen3Model(cfg, ops, rope_device=device, lm_head=kind == "reranker")
-    load_weights(model, model_dir, device=device, dtype=dtype)
-    model.eval()
-    linear = _pack(model, device=device, dtype=dtype, wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
-
-    prompts, default_prompt_name = _prompts(model_dir)
     yes_id = no_id = None
     if kind == "reranker":
         yes_id, no_id = _token_id(tokenizer, "yes"), _token_id(tokenizer, "no")
+    with torch.device("meta"):
+        model = Qwen3Model(cfg, ops, rope_device=device, lm_head=kind == "reranker")
+        if yes_id is not None and no_id is not None:
+            model.keep_head_rows((yes_id, no_id))  # the score reads these two rows only
+    load_weights(model, model_dir, device=device, dtype=dtype, take_rows=model.head_rows())
+    model.eval()
+    memory = memory_report(model, device)
+    log.info("weights loaded: %s", describe_memory(memory))
+    linear = _pack(model, device=device, dtype=dtype, wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
+
+    prompts, default_prompt_name = _prompts(model_dir)
     pooling = pooling or detect_pooling(model_dir)
     prefix_cache = _prefix_cache(cfg, prefix_cache_size, head_pooling=head_pooling(kind, pooling),
                                  radix_attention=radix_attention, device=device, dtype=dtype)
@@ -280,7 +286,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         kernels=kernels.describe(device), max_positions=max_positions,
         hidden_size=cfg.hidden_size, prompts=prompts, default_prompt_name=default_prompt_name,
         yes_id=yes_id, no_id=no_id, radix_mlp_threshold=radix_mlp_threshold, prefix_cache=prefix_cache,
-        attention_rejected=dict(backend.rejected), linear=linear,
+        attention_rejected=dict(backend.rejected), linear=linear, memory=memory,
     )
     warm_up(runner)
     return runner

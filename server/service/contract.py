@@ -27,6 +27,7 @@ class ServedRunner(ModelRunner, Protocol):
     attention_rejected: dict[str, str]  # backend -> why it does not run
     kernels: str
     linear: str
+    memory: dict[str, int]  # weights_bytes; on CUDA allocated_bytes and reserved_bytes after load
     max_positions: int
     hidden_size: int
     prompts: dict[str, str]
