@@ -105,8 +105,11 @@ class Pipeline:
         resolve: Resolve,
         label: Callable[[Entry], str],
         on_death: Callable[[BaseException], None],
+        warm_up: Callable[[], Any] | None = None,
     ) -> None:
         self.runner, self.waiting, self.former, self.metrics = runner, waiting, former, metrics
+        self._warm_up = warm_up  # run first on the worker thread (per-thread handles, allocator growth)
+        self.warmed = threading.Event()  # set once the worker's warm-up ended, however it ended
         self._resolve, self._label, self._on_death = resolve, label, on_death
         self._handoff: queue.Queue[Any] = queue.Queue(maxsize=1)  # a _Batch or _STOP
         # One credit: the prep thread forms batch N+1 only once the worker has started batch N.
@@ -240,6 +243,11 @@ class Pipeline:
 
     # -- worker thread: execute -> deliver ------------------------------------------------------
     def _worker_loop(self) -> None:
+        try:
+            if self._warm_up is not None:
+                self._warm_up()  # an exception here kills the worker: the pipeline never serves
+        finally:
+            self.warmed.set()
         while (batch := self._take()) is not _STOP:
             self._execute(batch)
 

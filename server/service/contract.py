@@ -34,6 +34,9 @@ class ServedRunner(ModelRunner, Protocol):
     default_prompt_name: str | None
     radix_mlp_threshold: float
     prefix_cache: Any  # None when off; else what ``Metrics.watch_prefix_cache`` reads
+    prefix_cache_report: dict  # its size for /info: tokens, bytes, bytes_per_token, why
+
+    def warm_up(self, *, max_tokens: int) -> dict: ...  # the serving path once, on the calling thread
 
 
 class ServedScheduler(Protocol):
