@@ -36,6 +36,7 @@ from models.radix import RadixIndex, build_index, positions_from_cu_seqlens
 from models.warmup import warm_up
 
 log = logging.getLogger(__name__)
+MAX_SEQS = 65535  # sequences per batch: CUDA attention kernels launch one grid row per sequence
 _POOLING_KEYS = (("pooling_mode_lasttoken", "last-token"), ("pooling_mode_mean_tokens", "mean"),
                  ("pooling_mode_cls_token", "cls"))
 
@@ -98,6 +99,9 @@ class Runner:
         every token's final state instead of the pooled output.
         """
         n = int(cu_seqlens[-1])
+        if len(cu_seqlens) - 1 > MAX_SEQS:
+            raise ValueError(f"a batch holds at most {MAX_SEQS} sequences (a CUDA grid dimension), "
+                             f"got {len(cu_seqlens) - 1}")
         mask = np.zeros(0, dtype=bool) if all_tokens is None else np.asarray(all_tokens, dtype=bool)
         if mask.any() and mask.shape != (len(cu_seqlens) - 1,):
             raise ValueError(f"all_tokens has shape {mask.shape}, the batch {len(cu_seqlens) - 1} sequences")
@@ -118,6 +122,10 @@ class Runner:
             mean_pooling=self.kind == "embedding" and self.pooling == "mean",
             cache=self.prefix_cache if self.cache_usable(all_tokens=per_token) else None,
         )
+        if self.attention_backend == "sdpa-padded":
+            # NOTE: the padded layout (host work, then its copies) is built here on the prep
+            # thread; left to its first use it would run in layer 0 on the worker.
+            forward.attn.padded  # noqa: B018 - a cached_property: computed once, now
         items: tuple[int, ...] = ()
         rows = None
         if per_token:

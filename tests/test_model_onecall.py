@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 
@@ -88,3 +89,37 @@ def test_runner_reports_attention_choice(tiny_embedding_dir, caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "models.runner"]
     assert any(ln.startswith("attention backend sdpa") and "flash-attn (needs CUDA" in ln
                for ln in lines)
+
+
+def test_the_padded_plan_is_built_in_prepare_not_in_layer_0(padded_embedding, monkeypatch):
+    """With sdpa-padded, prepare (the prep thread) builds the padded layout; run only reads it."""
+    import dataclasses
+
+    import models.attention as attention
+
+    base, oracle = padded_embedding
+    monkeypatch.setattr(base.model.layers[0].self_attn.ops, "attention", AttentionBackend("sdpa-padded", sdpa_padded))
+    runner = dataclasses.replace(base, attention_backend="sdpa-padded", prefix_cache=None)
+    built: list[str] = []
+    real = attention.padded_plan
+
+    def spy(cu_q, cu_k, device):
+        built.append(phase)
+        return real(cu_q, cu_k, device)
+
+    monkeypatch.setattr(attention, "padded_plan", spy)
+    seqs = SKEWED
+    ids, cu = _pack(seqs)
+    phase = "prepare"
+    prepared = runner.prepare(ids, cu)
+    phase = "run"
+    got = runner.run(prepared)
+    assert built == ["prepare"]  # once per batch, before the forward
+    assert (got - oracle.embed(seqs, "last-token")).abs().max().item() < TOL
+
+
+def test_a_batch_holds_at_most_65535_sequences(padded_embedding):
+    runner, _ = padded_embedding
+    n = 65536
+    with pytest.raises(ValueError, match="at most 65535 sequences"):
+        runner.prepare(np.ones(n, np.int32), np.arange(n + 1, dtype=np.int32))
