@@ -97,3 +97,26 @@ def test_a_failed_warm_up_fails_the_start(tiny_embedding_dir):
         sched.start()
     assert not sched.alive and len(deaths) == 1 and "no memory" in str(deaths[0])
     sched.stop(drain=False, timeout=1)
+
+
+def test_the_prefix_cache_size_is_reported_with_its_reason(tiny_embedding_dir):
+    from models.prefix_cache.size import AUTO_HOST_TOKENS
+
+    auto = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32").prefix_cache_report
+    cfg = load_runner(str(tiny_embedding_dir), device="cpu", prefix_cache_size=0).config
+    per = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
+    assert auto["bytes_per_token"] == per and auto["bytes"] == auto["tokens"] * per
+    assert auto["tokens"] == AUTO_HOST_TOKENS  # a tiny model: the token cap binds
+    assert auto["why"].startswith("auto: 25% of ") and "RAM available" in auto["why"]
+    fixed = load_runner(str(tiny_embedding_dir), device="cpu", prefix_cache_size="100tokens").prefix_cache_report
+    assert fixed == {"tokens": 96, "bytes": 96 * per, "bytes_per_token": per, "why": "--prefix-cache-size 100tokens"}
+    off = load_runner(str(tiny_embedding_dir), device="cpu", prefix_cache_size=0).prefix_cache_report
+    assert off["tokens"] == 0 and off["why"] == "off: size 0"
+
+
+def test_a_prefix_cache_that_cannot_fit_fails_at_start(tiny_embedding_dir):
+    with open("/proc/sys/vm/overcommit_memory") as f:
+        if f.read().strip() == "1":
+            pytest.skip("the kernel overcommits every allocation (vm.overcommit_memory=1)")
+    with pytest.raises(RuntimeError, match="allocate"):
+        load_runner(str(tiny_embedding_dir), device="cpu", prefix_cache_size="1000TB")
