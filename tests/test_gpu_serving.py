@@ -8,7 +8,10 @@ section).
 - the two-thread pipeline on CUDA (prep thread copying batch k+1 while the worker runs batch k)
   answers exactly what a single-thread prepare + run of the same batches answers;
 - the prefix cache on the device: eviction, then reuse, every output equal to the cache-off run;
-- the warm-up makes the first request no slower than 2x the tenth (models/warmup.py).
+- the warm-up makes the first request no slower than 2x the tenth (models/warmup.py);
+- a real out-of-memory fails only its batch, is counted, and the server's next batch runs;
+- `auto` sizes the prefix cache from the device memory free after the largest batch;
+- a batch of 65,535 one-token items (the most a batch may hold) runs on the device.
 """
 from __future__ import annotations
 
@@ -190,3 +193,55 @@ def test_the_first_request_is_within_2x_of_the_tenth(qwen06_dir):
     finally:
         sched.stop(drain=False, timeout=10)
     assert times[0] <= 2 * times[9], [round(t * 1e3, 1) for t in times]
+
+
+def test_a_real_out_of_memory_fails_only_its_batch(tiny_dir):
+    from scheduler import BatchFailed
+    from scheduler.metrics import Metrics
+
+    runner = load_runner(str(tiny_dir), device="cuda", dtype="bfloat16", prefix_cache_size=0)
+    real = runner.run
+
+    def run(prepared):
+        if prepared.n_tokens == 3:  # far more than any GPU holds: the allocator raises
+            torch.empty(1 << 50, dtype=torch.uint8, device="cuda")
+        return real(prepared)
+
+    runner.run = run  # type: ignore[method-assign]
+    metrics = Metrics()
+    sched = Scheduler(runner, max_batch_tokens=64, metrics=metrics)
+    sched.start()
+
+    async def go():
+        with pytest.raises(BatchFailed):
+            await sched.submit([[5, 6, 7]])
+        return await sched.submit([[1, 2, 3, 4]]), sched.alive
+
+    try:
+        after, alive = asyncio.run(go())
+    finally:
+        sched.stop(drain=False, timeout=10)
+    assert alive and after.outputs[0].shape == (runner.hidden_size,)
+    assert metrics.oom_batches._value.get() == 1
+
+
+def test_auto_sizes_the_prefix_cache_from_free_device_memory(tiny_dir):
+    from models.prefix_cache.size import AUTO_DEVICE_FRACTION
+
+    runner = load_runner(str(tiny_dir), device="cuda", dtype="bfloat16", max_batch_tokens=8192)
+    report, cache = runner.prefix_cache_report, runner.prefix_cache
+    assert cache is not None and cache.k.device.type == "cuda"
+    assert report["why"].startswith(f"auto: {AUTO_DEVICE_FRACTION:.0%} of ") and "8192-token forward" in report["why"]
+    total = torch.cuda.get_device_properties(0).total_memory
+    assert report["bytes"] <= AUTO_DEVICE_FRACTION * total
+    assert report["bytes"] > 0.2 * total  # a tiny model on a big GPU: most of it, not 512 MiB
+
+
+def test_a_batch_of_65535_one_token_items_runs_on_the_device(tiny_dir):
+    runner = load_runner(str(tiny_dir), device="cuda", dtype="bfloat16", prefix_cache_size=0)
+    n = 65535
+    ids = (np.arange(n, dtype=np.int32) % 1000) + 10
+    out = runner.run(runner.prepare(ids, np.arange(n + 1, dtype=np.int32)))  # [n, E]
+    one = runner.run(runner.prepare(ids[:1], np.array([0, 1], np.int32)))  # [1, E]
+    assert out.shape == (n, runner.hidden_size) and torch.isfinite(out).all()
+    assert (out[0] - one[0]).abs().max().item() < 2e-2

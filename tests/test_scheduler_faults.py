@@ -280,9 +280,15 @@ def test_a_cuda_fault_ends_the_pipeline_and_fails_everything_pending(kind, caplo
     assert metrics.oom_batches._value.get() == 0
 
 
-def test_out_of_memory_fails_only_its_batch_and_is_counted(caplog):
+def test_out_of_memory_fails_only_its_batch_and_is_counted(caplog, monkeypatch):
+    import torch
+
     from scheduler.metrics import Metrics
 
+    # Stand-ins for the two calls scheduler/faults.py makes on a CUDA process.
+    released: list[str] = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: released.append(threading.current_thread().name))
     runner = CudaFaultRunner("oom")
     metrics = Metrics()
 
@@ -297,6 +303,7 @@ def test_out_of_memory_fails_only_its_batch_and_is_counted(caplog):
     _, (after, alive) = run_async(runner, go, max_batch_requests=1, metrics=metrics)
     assert alive and np.array_equal(after.outputs[0], expected(req_items(1, [3])[0]))
     assert metrics.oom_batches._value.get() == 2
+    assert released == ["rs-worker", "rs-worker"]  # the allocator's cache released after each
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
     assert len(lines) == 2 and all("OutOfMemoryError: CUDA out of memory" in m for m in lines)
 
