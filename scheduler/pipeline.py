@@ -13,8 +13,9 @@ the prep thread is already preparing batch k+1 (never k+2: one slot); an ``Excep
 step fails only that batch's entries (BatchFailed, a generic message; the log has the details);
 a ``BaseException`` or a bug outside the per-batch guards kills a thread, and then ``on_death``
 takes the whole pipeline down; so does a device fault (``_fail`` turns a sticky CUDA error into
-``DeviceFault``, scheduler/faults.py), while out of memory fails only its batch. State shared between the threads goes through the hand-off queue,
-a lock, or an Event.
+``DeviceFault``, scheduler/faults.py), while out of memory fails only its batch. Before its first
+batch the worker runs the optional ``warm_up`` (per-thread handles are made on the serving
+thread). State shared between the threads goes through the hand-off queue, a lock, or an Event.
 """
 from __future__ import annotations
 
@@ -246,6 +247,9 @@ class Pipeline:
         try:
             if self._warm_up is not None:
                 self._warm_up()  # an exception here kills the worker: the pipeline never serves
+        except BaseException:
+            self._dead.set()  # before `warmed`: whoever waits on it reads the pipeline dead
+            raise
         finally:
             self.warmed.set()
         while (batch := self._take()) is not _STOP:
