@@ -5,7 +5,7 @@ give it long or fatal forwards; the product has no fault hooks. RADIXSERVE_TEST_
 comma-separated directives:
 - ``slow_forward=S``: every forward sleeps S seconds first (long in-flight work for drain tests);
 - ``die_on_forward=N``: the N-th forward raises ``InjectedDeath``, a BaseException, in the model
-  worker thread: the scheduler dies for good, as on a fatal CUDA error.
+  worker thread: the scheduler dies for good (any escape from the per-batch guards);
 - ``cuda_error_on_forward=N:KIND``: the N-th forward raises, from inside ``run``, the exception
   type torch raises for a real CUDA failure with CUDA's own message: KIND ``illegal`` (an illegal
   memory access, ``torch.AcceleratorError``), ``assert`` (a device-side assert, a plain
