@@ -113,9 +113,10 @@ class Scheduler:
             self._started = True
         self._pipeline.start()
         self._pipeline.warmed.wait()
+        if not self._pipeline.alive:
+            self._pipeline.join(timeout=5.0)  # the threads exit once on_death has run
+            raise RuntimeError("the model worker failed to warm up (the log has the cause)")
         with self._lock:
-            if not self._pipeline.alive:
-                raise RuntimeError("the model worker failed to warm up (the log has the cause)")
             self._accepting = not self._died
 
     def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
