@@ -5,7 +5,11 @@ Meant for one call on a GPU machine (torch cu13x, no fastapi there):
     python -m benchmarks.gpu_check --out $OUT
 The tests are every tests/ file with a gpu-marked test (kernels and their build/self-test,
 attention backends and the one-call fallbacks, the fused model in bf16 against transformers, no
-host syncs) plus the kernels' CPU plumbing. Writes gpu_check.md (human report), gpu_check.json (all figures), pytest.log and bench.json
+host syncs) plus the kernels' CPU plumbing; then, in a section of their own, the serving checks
+(tests/test_gpu_serving.py: a real device-side fault ends the process with status 70, memory
+reserved after load near the weights, the two-thread pipeline equal to one thread, prefix-cache
+eviction and reuse on the device, the first request within 2x of the tenth). Writes gpu_check.md
+(human report), gpu_check.json (all figures), pytest.log, pytest_serving.log and bench.json
 under --out, and prints the markdown last (the device tool returns the output's tail).
 Invariant: every step runs even if an earlier one failed; the exit code is 0 only when the
 build, the tests and the benchmark all succeeded.
@@ -31,6 +35,10 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 CORE_TESTS = ("tests/test_kernels.py", "tests/test_kernels_gpu.py", "tests/test_kernels_build.py",
               "tests/test_gpu_model.py", "tests/test_model_attention.py")
+# Serving on the device (tests/test_gpu_serving.py), reported check by check in its own section:
+# a device-side fault exits 70, reserved-after-load near the weights, two threads = one thread,
+# prefix-cache eviction and reuse, first request within 2x of the tenth.
+SERVING_TESTS = "tests/test_gpu_serving.py"
 MODEL_SHAPES = {"qwen3-0.6b": (16, 8, 128), "qwen3-4b/8b": (32, 8, 128)}  # (H, Hkv, D)
 
 
@@ -38,7 +46,7 @@ def gpu_test_files(root: Path = ROOT) -> list[str]:
     """CORE_TESTS plus every tests/ file that holds a gpu-marked test (so a new one is never missed)."""
     found = {f"tests/{p.name}" for p in (root / "tests").glob("test_*.py")
              if "mark.gpu" in p.read_text()}
-    return sorted(found | set(CORE_TESTS))
+    return sorted((found | set(CORE_TESTS)) - {SERVING_TESTS})
 
 
 def _env() -> dict:
@@ -112,22 +120,24 @@ def _attention() -> dict:
     return step
 
 
-def _pytest(out: Path, timeout_s: int) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rfEs", "-p", "no:cacheprovider", *gpu_test_files()]
+def _pytest(out: Path, timeout_s: int, files: list[str] | None = None, log_name: str = "pytest.log") -> dict:
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
+           *(files if files is not None else gpu_test_files())]
     t0 = time.perf_counter()
     try:
         res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
         log, rc = res.stdout + res.stderr, res.returncode
     except subprocess.TimeoutExpired as exc:
         log, rc = f"{exc.stdout or ''}\nTIMEOUT after {timeout_s}s", 124
-    (out / "pytest.log").write_text(log)
+    (out / log_name).write_text(log)
     lines = [ln for ln in log.splitlines() if ln.strip()]
     summary = next((ln for ln in reversed(lines) if " in " in ln and ("passed" in ln or "failed" in ln
                     or "error" in ln or "skipped" in ln)), lines[-1] if lines else "")
     failures = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
     return {"ok": rc == 0, "rc": rc, "seconds": round(time.perf_counter() - t0, 1),
             "summary": summary.strip("= "), "failures": failures[:40],
-            "skips": [ln for ln in lines if ln.startswith("SKIPPED")][:20]}
+            "skips": [ln for ln in lines if ln.startswith("SKIPPED")][:20],
+            "passed": [ln for ln in lines if ln.startswith("PASSED")][:40]}
 
 
 def _bench(out: Path, sizes: str) -> dict:
@@ -182,6 +192,9 @@ def _markdown(report: dict) -> str:
         md.append(f"- {c['model']} {c['dtype']}: {c['backend']}" + (f" (dropped: {why})" if why else ""))
     md += ["", f"## tests: {'ok' if tests['ok'] else 'FAILED'} ({tests['seconds']} s): {tests['summary']}"]
     md += [f"- {ln}" for ln in tests["failures"] + tests["skips"]]
+    serving = report["serving"]
+    md += ["", f"## serving: {'ok' if serving['ok'] else 'FAILED'} ({serving['seconds']} s): {serving['summary']}"]
+    md += [f"- {ln}" for ln in serving.get("passed", []) + serving["failures"] + serving["skips"]]
     md += ["", f"## bench: {'ok' if bench['ok'] else 'FAILED'} ({bench['seconds']} s)"]
     if bench["ok"]:
         md += _verdict(bench["records"])
@@ -212,13 +225,15 @@ def main(argv=None) -> int:
     report["attention"] = _attention()
     skipped = {"ok": True, "seconds": 0, "summary": "skipped", "failures": [], "skips": []}
     report["tests"] = skipped if args.skip_tests else _pytest(out, args.test_timeout)
+    report["serving"] = skipped if args.skip_tests else _pytest(out, args.test_timeout, [SERVING_TESTS],
+                                                                "pytest_serving.log")
     report["bench"] = ({"ok": True, "seconds": 0, "records": []} if args.skip_bench
                        else _bench(out, args.sizes))
     (out / "gpu_check.json").write_text(json.dumps(report, indent=1, default=str))
     md = _markdown(report)
     (out / "gpu_check.md").write_text(md + "\n")
     print(md)
-    return 0 if all(report[k]["ok"] for k in ("build", "attention", "tests", "bench")) else 1
+    return 0 if all(report[k]["ok"] for k in ("build", "attention", "tests", "serving", "bench")) else 1
 
 
 if __name__ == "__main__":

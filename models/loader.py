@@ -2,7 +2,8 @@
 
 Invariant: module attribute names are checkpoint names, so loading is "strip an optional
 `model.` prefix, then assign", except the fused projections in FUSED, whose parameter is the
-concatenation (along output rows, dim 0) of the checkpoint tensors it replaces. Every parameter
+concatenation (along output rows, dim 0) of the checkpoint tensors it replaces, and parameters
+given a row subset (`take_rows`). Each parameter reaches the device in one copy, built on the host. Every parameter
 the model declares must be found in the checkpoint (a clear error lists the missing checkpoint
 names); extra checkpoint keys are ignored.
 """
@@ -118,27 +119,69 @@ def _strip(name: str) -> str:
 
 
 def load_weights(model: nn.Module, model_dir: str | Path, *, device: torch.device,
-                 dtype: torch.dtype) -> None:
-    """Assign checkpoint tensors to `model`'s parameters (which may live on the meta device)."""
+                 dtype: torch.dtype, take_rows: dict[str, tuple[int, ...]] | None = None) -> None:
+    """Assign checkpoint tensors to `model`'s parameters (which may live on the meta device).
+
+    Each parameter is built on the host (cast, fused parts concatenated, `take_rows` kept: a
+    parameter name -> the checkpoint rows it holds, e.g. a reranker head's two) and copied to the
+    device once, as soon as its last part is read: on a GPU no temporary device tensor leaves a
+    freed fragment behind, and the host holds only parameters whose parts are still being read.
+    """
     from safetensors import safe_open
 
     sources = {name: checkpoint_names(name) for name, _ in model.named_parameters()}
-    wanted = {ckpt for parts in sources.values() for ckpt in parts}
-    found: dict[str, torch.Tensor] = {}
+    owner = {ckpt: name for name, parts in sources.items() for ckpt in parts}
+    found: dict[str, torch.Tensor] = {}  # host tensors of parameters not complete yet
+    state: dict[str, torch.Tensor] = {}
+    rows = take_rows or {}
     for file in checkpoint_files(Path(model_dir)):
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for key in f.keys():
                 name = _strip(key)
-                if name in wanted and name not in found:
-                    found[name] = f.get_tensor(key).to(device=device, dtype=dtype)
-    missing = sorted(wanted - found.keys())
+                param = owner.get(name)
+                if param is None or param in state or name in found:
+                    continue
+                found[name] = f.get_tensor(key)
+                if all(part in found for part in sources[param]):
+                    state[param] = _to_device(param, [found.pop(part) for part in sources[param]],
+                                              rows.get(param), device=device, dtype=dtype)
+    missing = sorted(ckpt for param, parts in sources.items() if param not in state
+                     for ckpt in parts if ckpt not in found)
     if missing:
         shown = ", ".join(missing[:10]) + (f" ... ({len(missing)} in all)" if len(missing) > 10 else "")
         raise KeyError(f"checkpoint {model_dir} lacks weights: {shown}")
-    state = {}
-    for name, parts in sources.items():
-        # NOTE: pop as we go so a fused parameter does not keep its parts alive (peak memory).
-        tensors = [found.pop(part) for part in parts]
-        state[name] = tensors[0] if len(tensors) == 1 else torch.cat(tensors, dim=0)
-        del tensors
     model.load_state_dict(state, strict=False, assign=True)
+
+
+def _to_device(param: str, parts: list[torch.Tensor], rows: tuple[int, ...] | None, *,
+               device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """One parameter from its checkpoint parts: fused and cut on the host, one copy to the device."""
+    host = parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)  # [sum of rows, ...]
+    if rows is not None:
+        host = host[list(rows)]  # [len(rows), ...]
+    return host.to(dtype=dtype).to(device=device)
+
+
+def memory_report(model: nn.Module, device: torch.device) -> dict[str, int]:
+    """Bytes of the weights (parameters and buffers) and, on CUDA, what the allocator holds.
+
+    On CUDA the allocator's cached blocks are released first, so ``reserved_bytes`` is what the
+    weights really keep; reserved well above allocated means fragments the next batch cannot use.
+    """
+    weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    report = {"weights_bytes": int(weights)}
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        report["allocated_bytes"] = int(torch.cuda.memory_allocated(device))
+        report["reserved_bytes"] = int(torch.cuda.memory_reserved(device))
+    return report
+
+
+def describe_memory(report: dict[str, int]) -> str:
+    """The start-up line's words for `memory_report`: weights, and allocated vs reserved on CUDA."""
+    text = f"{report['weights_bytes'] / 2**30:.2f} GiB of weights"
+    if "reserved_bytes" in report:
+        text += (f"; device memory allocated {report['allocated_bytes'] / 2**30:.2f} GiB, "
+                 f"reserved {report['reserved_bytes'] / 2**30:.2f} GiB")
+    return text

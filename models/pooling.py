@@ -47,7 +47,7 @@ def rerank_logits(model: Qwen3Model, hidden: Tensor, batch: ForwardBatch, *,
     w = model.head_weight()
     # NOTE: row views by Python int: no index tensor built from host data (a blocking copy on
     # CUDA) inside the forward. Never the full vocabulary.
-    rows = torch.stack((w[yes_id], w[no_id]))  # [2, E]
+    rows = torch.stack((w[model.head_row(yes_id)], w[model.head_row(no_id)]))  # [2, E]
     # NOTE: fp32 from here: bf16 logits near 10 are 1/16 apart, and their difference (the score)
     # would be quantised as coarsely, tying documents that differ.
     logits = h.float() @ rows.float().t()  # [B, 2]

@@ -181,14 +181,34 @@ class Qwen3Model(nn.Module):
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(cfg, ops, i) for i in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        # token id -> its row of an lm_head cut to some tokens (keep_head_rows); None: every row
+        self.head_ids: dict[int, int] | None = None
         if lm_head and not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.rotary = Rotary(cfg, rope_device)
 
+    def keep_head_rows(self, token_ids: tuple[int, ...]) -> None:
+        """Declare an untied lm_head of these tokens' rows only (before loading: the loader reads
+        `head_rows()`). A reranker reads two rows of a [V, E] head; a tied head is the input
+        embedding, which the model needs whole, so it is left as it is."""
+        if getattr(self, "lm_head", None) is None:
+            return
+        w = self.lm_head.weight
+        self.lm_head = nn.Linear(self.config.hidden_size, len(token_ids), bias=False, device=w.device, dtype=w.dtype)
+        self.head_ids = {int(t): i for i, t in enumerate(token_ids)}
+
+    def head_rows(self) -> dict[str, tuple[int, ...]]:
+        """{parameter: checkpoint rows it keeps} for the loader: the cut lm_head, if any."""
+        return {} if self.head_ids is None else {"lm_head.weight": tuple(self.head_ids)}
+
     def head_weight(self) -> Tensor:
-        """[V, E] output embedding (lm_head, or the tied input embedding)."""
+        """[V, E] output embedding (lm_head, or the tied input embedding); [K, E] once cut."""
         head = getattr(self, "lm_head", None)
         return head.weight if head is not None else self.embed_tokens.weight
+
+    def head_row(self, token_id: int) -> int:
+        """The row of `head_weight()` that scores `token_id`."""
+        return token_id if self.head_ids is None else self.head_ids[token_id]
 
     def forward(self, input_ids: Tensor, positions: Tensor, batch: ForwardBatch) -> Tensor:
         x = self.embed_tokens(input_ids)  # [T, E]

@@ -10,11 +10,8 @@ through the trie's scatter (never an uncompacted forward); their batch skips the
 """
 from __future__ import annotations
 
-import dataclasses
-
 import json
 import logging
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,22 +25,20 @@ from models.attention_select import select_backend
 from models.batch import ForwardBatch, build_forward_batch
 from models.config import ModelConfig
 from models.linear import pack_linears
-from models.loader import default_device, load_weights, parse_dtype, resolve_model_dir
+from models.loader import (default_device, describe_memory, load_weights, memory_report, parse_dtype,
+                           resolve_model_dir)
 from models.options import KINDS, POOLINGS, RADIX_ATTENTION, check_radix_mlp_threshold, use_index
 from models.pooling import pool, rerank_logits, token_states
-from models.prefix_cache import (BLOCK_TOKENS, DEFAULT_SIZE, PrefixCache, bytes_per_token, cache_refusal,
-                                 capacity_tokens)
+from models.prefix_cache import DEFAULT_SIZE, PrefixCache, cache_refusal, capacity_tokens
+from models.prefix_setup import head_pooling, start_prefix_cache
 from models.qwen3 import AttentionOps, Qwen3Model
 from models.radix import RadixIndex, build_index, positions_from_cu_seqlens
+from models.warmup import warm_up
 
 log = logging.getLogger(__name__)
+MAX_SEQS = 65535  # sequences per batch: CUDA attention kernels launch one grid row per sequence
 _POOLING_KEYS = (("pooling_mode_lasttoken", "last-token"), ("pooling_mode_mean_tokens", "mean"),
                  ("pooling_mode_cls_token", "cls"))
-
-
-def head_pooling(kind: str, pooling: str) -> str:
-    """The rows the head reads: a reranker scores each sequence's last token whatever `pooling`."""
-    return "last-token" if kind == "reranker" else pooling
 
 
 @dataclass(frozen=True)
@@ -85,6 +80,10 @@ class Runner:
     attention_rejected: dict[str, str] = field(default_factory=dict)
     warmup_ms: float | None = None
     linear: str = "F.linear"  # "onednn-packed" when models.linear packed the weights
+    # weights_bytes; on CUDA allocated_bytes and reserved_bytes after load (models.loader.memory_report)
+    memory: dict[str, int] = field(default_factory=dict)
+    # the prefix cache's size: tokens, bytes, bytes_per_token and why (`auto`'s rule and figures)
+    prefix_cache_report: dict = field(default_factory=dict)
 
     @property
     def attention_report(self) -> dict:
@@ -100,6 +99,9 @@ class Runner:
         every token's final state instead of the pooled output.
         """
         n = int(cu_seqlens[-1])
+        if len(cu_seqlens) - 1 > MAX_SEQS:
+            raise ValueError(f"a batch holds at most {MAX_SEQS} sequences (a CUDA grid dimension), "
+                             f"got {len(cu_seqlens) - 1}")
         mask = np.zeros(0, dtype=bool) if all_tokens is None else np.asarray(all_tokens, dtype=bool)
         if mask.any() and mask.shape != (len(cu_seqlens) - 1,):
             raise ValueError(f"all_tokens has shape {mask.shape}, the batch {len(cu_seqlens) - 1} sequences")
@@ -121,6 +123,10 @@ class Runner:
             mean_pooling=self.kind == "embedding" and self.pooling == "mean",
             cache=self.prefix_cache if self.cache_usable(all_tokens=per_token) else None,
         )
+        if self.attention_backend == "sdpa-padded":
+            # NOTE: the padded layout (host work, then its copies) is built here on the prep
+            # thread; left to its first use it would run in layer 0 on the worker.
+            forward.attn.padded  # noqa: B018 - a cached_property: computed once, now
         items: tuple[int, ...] = ()
         rows = None
         if per_token:
@@ -142,6 +148,10 @@ class Runner:
         refused = cache_refusal(radix_attention=self.radix_attention,
                                 pooling=head_pooling(self.kind, self.pooling), all_tokens=all_tokens)
         return self.prefix_cache is not None and refused is None
+
+    def warm_up(self, *, max_tokens: int) -> dict:
+        """The serving path once on the calling thread (the worker's): models/warmup.py."""
+        return warm_up(self, max_tokens=max_tokens)
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Differentiable pooled output on the device: [B, E] embeddings or [B] raw scores."""
@@ -229,13 +239,15 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
                 radix_attention: str = "compact", pooling: str | None = None,
                 kind: str | None = None, radix_mlp_threshold: float = 0.95,
                 prefix_cache_size: str | int = DEFAULT_SIZE, cpu_packed_weights: bool = True,
-                keep_dense_weights: bool = True) -> Runner:
+                keep_dense_weights: bool = True, max_batch_tokens: int = 16384) -> Runner:
     """Resolve, load and wire up a model for serving (see docs/architecture.md).
 
     prefix_cache_size: "512MiB", "2GB", "8192tokens", a byte count, "auto" or 0 (off); see
     docs/operations.md, "Prefix cache". cpu_packed_weights: reorder the linear weights for oneDNN
     on a CPU in float32 (models/linear.py); keep_dense_weights=False then frees the dense copies
     (serving: one copy in memory; gradients no longer reach the linear weights).
+    max_batch_tokens: the largest batch served; a CUDA `auto` cache is sized after a forward of it.
+    Nothing is warmed up here: the scheduler's worker thread calls `warm_up` before serving.
     """
     radix_mlp_threshold = check_radix_mlp_threshold(radix_mlp_threshold)
     if radix_attention not in RADIX_ATTENTION:
@@ -258,19 +270,21 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
              str(dtype).replace("torch.", ""),
              "; ".join(f"{k} ({v})" for k, v in backend.rejected.items()) or "none")
     ops = AttentionOps(backend, kernels.get_gather_rows(device), kernels.get_gather_rows_pair(device))
-    with torch.device("meta"):
-        model = Qwen3Model(cfg, ops, rope_device=device, lm_head=kind == "reranker")
-    load_weights(model, model_dir, device=device, dtype=dtype)
-    model.eval()
-    linear = _pack(model, device=device, dtype=dtype, wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
-
-    prompts, default_prompt_name = _prompts(model_dir)
     yes_id = no_id = None
     if kind == "reranker":
         yes_id, no_id = _token_id(tokenizer, "yes"), _token_id(tokenizer, "no")
+    with torch.device("meta"):
+        model = Qwen3Model(cfg, ops, rope_device=device, lm_head=kind == "reranker")
+        if yes_id is not None and no_id is not None:
+            model.keep_head_rows((yes_id, no_id))  # the score reads these two rows only
+    load_weights(model, model_dir, device=device, dtype=dtype, take_rows=model.head_rows())
+    model.eval()
+    memory = memory_report(model, device)
+    log.info("weights loaded: %s", describe_memory(memory))
+    linear = _pack(model, device=device, dtype=dtype, wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
+
+    prompts, default_prompt_name = _prompts(model_dir)
     pooling = pooling or detect_pooling(model_dir)
-    prefix_cache = _prefix_cache(cfg, prefix_cache_size, head_pooling=head_pooling(kind, pooling),
-                                 radix_attention=radix_attention, device=device, dtype=dtype)
     max_positions = cfg.max_position_embeddings
     if cfg.sliding_window is not None:  # beyond the window our full causal attention is wrong
         max_positions = min(max_positions, cfg.sliding_window)
@@ -280,10 +294,11 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         radix_attention=radix_attention, attention_backend=backend.name,
         kernels=kernels.describe(device), max_positions=max_positions,
         hidden_size=cfg.hidden_size, prompts=prompts, default_prompt_name=default_prompt_name,
-        yes_id=yes_id, no_id=no_id, radix_mlp_threshold=radix_mlp_threshold, prefix_cache=prefix_cache,
-        attention_rejected=dict(backend.rejected), linear=linear,
+        yes_id=yes_id, no_id=no_id, radix_mlp_threshold=radix_mlp_threshold,
+        attention_rejected=dict(backend.rejected), linear=linear, memory=memory,
     )
-    warm_up(runner)
+    runner.prefix_cache, runner.prefix_cache_report = start_prefix_cache(runner, prefix_cache_size,
+                                                                         max_batch_tokens=max_batch_tokens)
     return runner
 
 
@@ -302,48 +317,3 @@ def _pack(model: Qwen3Model, *, device: torch.device, dtype: torch.dtype, wanted
     (log.warning if device.type == "cpu" and dtype == torch.float32 else log.info)(
         "linear layers: F.linear (%s)", reason)
     return "F.linear"
-
-
-WARMUP_LENGTHS = (16, 16, 5)  # a few short sequences: every GEMM shape class, no real cost
-
-
-def warm_up(runner: Runner) -> float:
-    """One forward on a tiny batch before serving, so the first request does not pay cuBLAS
-    handles, allocator growth and lazy module set-up. Runs here, before any scheduler or
-    metrics exist, so it is never counted. Logs "warm-up" with its time; returns ms."""
-    lens = np.asarray(WARMUP_LENGTHS, np.int64)
-    cu = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-    ids = np.arange(int(cu[-1]), dtype=np.int32) % max(1, runner.config.vocab_size)
-    t0 = time.perf_counter()
-    # NOTE: a copy without the prefix cache, so the warm-up's made-up tokens never enter the pool.
-    cold = dataclasses.replace(runner, prefix_cache=None)
-    cold.run(cold.prepare(ids, cu))  # .cpu() at the end waits for the device
-    runner.warmup_ms = (time.perf_counter() - t0) * 1e3
-    log.info("warm-up forward: %.1f ms (%d tokens, %s %s, attention %s)", runner.warmup_ms,
-             int(cu[-1]), runner.device, str(runner.dtype).replace("torch.", ""),
-             runner.attention_backend)
-    return runner.warmup_ms
-
-
-def _prefix_cache(cfg: ModelConfig, size, *, head_pooling: str, radix_attention: str,
-                  device: torch.device, dtype: torch.dtype) -> PrefixCache | None:
-    """The preallocated pool, or None with a start-up line saying why it is off."""
-    per_token = bytes_per_token(layers=cfg.num_hidden_layers, kv_heads=cfg.num_key_value_heads,
-                                head_dim=cfg.head_dim, dtype=dtype)
-    tokens = capacity_tokens(size, per_token)
-    reason = None
-    if tokens <= 0:
-        reason = "size 0"
-    elif (refused := cache_refusal(radix_attention=radix_attention, pooling=head_pooling)) is not None:
-        reason = refused
-    elif tokens < BLOCK_TOKENS:
-        reason = f"size {size!r} is under one {BLOCK_TOKENS}-token block ({per_token} bytes per token)"
-    if reason is not None:
-        (log.info if tokens <= 0 else log.warning)("prefix cache off: %s", reason)
-        return None
-    cache = PrefixCache(layers=cfg.num_hidden_layers, kv_heads=cfg.num_key_value_heads,
-                        head_dim=cfg.head_dim, capacity=tokens, dtype=dtype, device=device)
-    log.info("prefix cache on: %d tokens, %.1f MiB (%d bytes per token)", cache.n_slots * cache.block,
-             cache.capacity_bytes / 2**20, per_token)
-    return cache
-

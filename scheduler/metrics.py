@@ -67,6 +67,11 @@ class Metrics:
             "Share of wall time the model worker waited for a batch while the queue was not empty",
             registry=r,
         )
+        self.oom_batches = Counter(
+            "radixserve_oom_batches",
+            "Batches failed because the device ran out of memory (each one's requests got a 500)",
+            registry=r,
+        )
 
         self.prefix_cache = _PrefixCacheCollector()  # zeros until a cache is watched
         r.register(self.prefix_cache)

@@ -12,8 +12,10 @@ else. Invariants: while the worker runs batch k,
 the prep thread is already preparing batch k+1 (never k+2: one slot); an ``Exception`` in any
 step fails only that batch's entries (BatchFailed, a generic message; the log has the details);
 a ``BaseException`` or a bug outside the per-batch guards kills a thread, and then ``on_death``
-takes the whole pipeline down. State shared between the threads goes through the hand-off queue,
-a lock, or an Event.
+takes the whole pipeline down; so does a device fault (``_fail`` turns a sticky CUDA error into
+``DeviceFault``, scheduler/faults.py), while out of memory fails only its batch. Before its first
+batch the worker runs the optional ``warm_up`` (per-thread handles are made on the serving
+thread). State shared between the threads goes through the hand-off queue, a lock, or an Event.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .contract import ModelRunner, Prepared
+from .faults import DeviceFault, classify, release_cached_memory
 from .forming import Entry, Former
 from .metrics import Metrics
 from .waiting import WaitQueue
@@ -103,8 +106,11 @@ class Pipeline:
         resolve: Resolve,
         label: Callable[[Entry], str],
         on_death: Callable[[BaseException], None],
+        warm_up: Callable[[], Any] | None = None,
     ) -> None:
         self.runner, self.waiting, self.former, self.metrics = runner, waiting, former, metrics
+        self._warm_up = warm_up  # run first on the worker thread (per-thread handles, allocator growth)
+        self.warmed = threading.Event()  # set once the worker's warm-up ended, however it ended
         self._resolve, self._label, self._on_death = resolve, label, on_death
         self._handoff: queue.Queue[Any] = queue.Queue(maxsize=1)  # a _Batch or _STOP
         # One credit: the prep thread forms batch N+1 only once the worker has started batch N.
@@ -238,6 +244,14 @@ class Pipeline:
 
     # -- worker thread: execute -> deliver ------------------------------------------------------
     def _worker_loop(self) -> None:
+        try:
+            if self._warm_up is not None:
+                self._warm_up()  # an exception here kills the worker: the pipeline never serves
+        except BaseException:
+            self._dead.set()  # before `warmed`: whoever waits on it reads the pipeline dead
+            raise
+        finally:
+            self.warmed.set()
         while (batch := self._take()) is not _STOP:
             self._execute(batch)
 
@@ -296,9 +310,24 @@ class Pipeline:
 
     # -- either thread --------------------------------------------------------------------------
     def _fail(self, batch: _Batch, stage: str, exc: Exception) -> None:
-        """Fail this batch only: the details go to the log, a generic error to the clients."""
+        """Fail this batch only: the details go to the log, a generic error to the clients.
+
+        Out of memory also releases the allocator's cached blocks and is counted; a device fault
+        (scheduler/faults.py) answers the batch 503 and raises DeviceFault, ending the pipeline.
+        """
+        fault = classify(exc)
+        if fault == "fatal":
+            log.critical("batch %d hit a device fault at %s: %s: %s; requests %s; the device is unusable, "
+                         "the pipeline stops", batch.batch_id, stage, type(exc).__name__, exc,
+                         ", ".join(batch.labels), exc_info=exc)
+            self._resolve_all(batch, WorkerDead, "the model worker is not running")
+            raise DeviceFault(f"device fault at {stage}: {type(exc).__name__}: {exc}") from exc
         log.error("batch %d failed at %s: %s: %s; requests %s", batch.batch_id, stage, type(exc).__name__, exc,
                   ", ".join(batch.labels), exc_info=exc)
+        if fault == "oom":
+            release_cached_memory()
+            if self.metrics is not None:
+                self.metrics.oom_batches.inc()
         self._resolve_all(batch, BatchFailed, "the model failed on this batch")
 
     def _resolve_all(self, batch: _Batch, error: type[Exception], message: str) -> None:

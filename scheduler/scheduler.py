@@ -77,6 +77,7 @@ class Scheduler:
         policy: str = "fifo",
         prefix_policy: PrefixPolicy | None = None,
         on_death: Callable[[BaseException], None] | None = None,
+        warm_up: Callable[[], Any] | None = None,
     ) -> None:
         if max_batch_tokens < 1:
             raise ValueError("max_batch_tokens must be >= 1")
@@ -99,15 +100,24 @@ class Scheduler:
             resolve=lambda e, value, exc: self._resolve(_ticket(e), value, exc),
             label=lambda e: _ticket(e).label,
             on_death=self._on_death,
+            warm_up=warm_up,
         )
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
+        """Start the threads; with a ``warm_up``, return once it ran on the worker thread (admitting
+        only then), or raise if it failed (the worker is dead, ``on_death`` was called)."""
         with self._lock:
             if self._started:
                 raise RuntimeError("Scheduler.start() called twice")
-            self._started = self._accepting = True
+            self._started = True
         self._pipeline.start()
+        self._pipeline.warmed.wait()
+        if not self._pipeline.alive:
+            self._pipeline.join(timeout=5.0)  # the threads exit once on_death has run
+            raise RuntimeError("the model worker failed to warm up (the log has the cause)")
+        with self._lock:
+            self._accepting = not self._died
 
     def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
         """Stop accepting; with ``drain`` finish queued work, else fail it with WorkerDead."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import os
 from typing import AsyncIterator, Callable
@@ -57,6 +58,7 @@ def load_runner(config: ServerConfig) -> ServedRunner:
         prefix_cache_size=config.prefix_cache_size,
         cpu_packed_weights=config.cpu_packed_weights,
         keep_dense_weights=False,  # serving needs no gradients: one copy of the weights
+        max_batch_tokens=config.max_batch_tokens,  # a CUDA `auto` prefix cache is sized after such a batch
     )
 
 
@@ -77,6 +79,8 @@ def build_scheduler(config: ServerConfig, runner: ServedRunner, metrics: Metrics
             max_wait_s=config.batching_max_wait_ms / 1000.0, max_skips=config.batching_max_skips
         ),
         on_death=on_death,
+        # on the worker thread, before the first batch (models/warmup.py)
+        warm_up=functools.partial(runner.warm_up, max_tokens=config.max_batch_tokens),
     )
 
 

@@ -39,7 +39,7 @@ def test_gpu_check_writes_report(tmp_path):
     built = torch.cuda.is_available()
     assert ("## build: ok" in md) == built and (rc == 0) == built
     assert '"cuda_available": %s' % str(built).lower() in report
-    assert "## attention:" in md
+    assert "## attention:" in md and "## serving:" in md
 
 
 def test_gpu_check_runs_every_gpu_marked_test_file():
@@ -47,8 +47,10 @@ def test_gpu_check_runs_every_gpu_marked_test_file():
     root = Path(gpu_check.ROOT)
     marked = {f"tests/{p.name}" for p in (root / "tests").glob("test_*.py")
               if "pytest.mark.gpu" in p.read_text() or "GPU = pytest.mark.gpu" in p.read_text()}
-    assert marked and marked <= set(files)
-    assert all((root / f).is_file() for f in files)
+    serving = {gpu_check.SERVING_TESTS}  # run on its own, in the report's "serving" section
+    assert gpu_check.SERVING_TESTS in marked
+    assert marked - serving and marked - serving <= set(files) and not serving & set(files)
+    assert all((root / f).is_file() for f in [*files, *serving])
 
 
 def test_compact_index_ratio():

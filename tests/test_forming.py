@@ -337,3 +337,18 @@ def test_former_state_is_kept_only_for_waiting_requests():
     assert set(former._keys) <= {0, 4} and set(former.skips) <= {0, 4}
     former([Entry(9, [1], 0.0)], 0.0)  # requests 0 and 4 left too
     assert former.skips == {} and set(former._keys) <= {9}
+
+
+@pytest.mark.parametrize("policy, max_requests", [("fifo", None), ("prefix", 100_000)])
+def test_no_batch_holds_more_items_than_a_cuda_grid_dimension(policy, max_requests):
+    """70,000 one-token items under a budget that admits them all: a batch stops at 65,535."""
+    from scheduler.policy import MAX_BATCH_ITEMS
+
+    assert MAX_BATCH_ITEMS == 2**16 - 1
+    waiting = [Entry(i, [7 + i % 50], i * 1e-6) for i in range(70_000)]  # one request per item
+    former = make_former(policy, max_tokens=1_000_000, max_requests=max_requests, prefix=NO_AGING)
+    chosen = former(waiting, 1.0)
+    assert len(chosen) == MAX_BATCH_ITEMS
+    picked = set(chosen)
+    rest = [e for i, e in enumerate(waiting) if i not in picked]
+    assert len(former(rest, 1.0)) == 70_000 - MAX_BATCH_ITEMS

@@ -76,14 +76,52 @@ def test_missing_keys_are_listed(tiny_embedding_dir, tmp_path):
         load_runner(str(d), device="cpu")
 
 
-def test_untied_reranker_loads_lm_head(tmp_path):
+def test_untied_reranker_keeps_only_the_yes_and_no_rows_and_scores_like_transformers(tmp_path):
+    from transformers import AutoModelForCausalLM
+
     from models import fixtures
 
     d = fixtures.build(tmp_path / "untied", "tiny-reranker-untied", tokenizer_cache=tmp_path / "tok")
-    runner = load_runner(str(d), device="cpu")
+    runner = load_runner(str(d), device="cpu", dtype="float32")
     assert runner.kind == "reranker" and runner.model.head_weight() is runner.model.lm_head.weight
-    lm_head = load_file(str(d / "model.safetensors"))["lm_head.weight"]
-    assert torch.equal(runner.model.lm_head.weight, lm_head)
+    lm_head = load_file(str(d / "model.safetensors"))["lm_head.weight"]  # [V, E]
+    assert runner.model.lm_head.weight.shape == (2, lm_head.shape[1])
+    assert torch.equal(runner.model.lm_head.weight, lm_head[[runner.yes_id, runner.no_id]])
+    # The parameters shrink by the V - 2 rows not kept, and /info's weights figure says so.
+    params = sum(p.numel() * p.element_size() for p in runner.model.parameters())
+    full = params + (lm_head.shape[0] - 2) * lm_head.shape[1] * 4
+    checkpoint = sum(t.numel() * 4 for k, t in load_file(str(d / "model.safetensors")).items())
+    assert full == checkpoint and runner.memory["weights_bytes"] >= params
+    # Scores: transformers' full head, each pair alone, is the oracle.
+    hf = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
+    seqs = [[1, 2, 3, 4, 5], [1, 2, 3, 6], [9, 8]]
+    ids = np.concatenate([np.asarray(s, np.int32) for s in seqs])
+    cu = np.cumsum([0] + [len(s) for s in seqs]).astype(np.int32)
+    got = runner.run(runner.prepare(ids, cu))
+    with torch.no_grad():
+        want = torch.tensor([(lambda z: (z[runner.yes_id] - z[runner.no_id]).item())(
+            hf(input_ids=torch.tensor([s]), logits_to_keep=1).logits[0, -1]) for s in seqs])
+    assert (got - want).abs().max().item() < 1e-4
+
+
+def test_weights_reach_the_device_once_each_built_on_the_host(tiny_embedding_dir, monkeypatch):
+    """Every parameter is copied host -> device in one piece: fused q/k/v and gate/up included."""
+    from models import loader
+
+    seen: list[tuple[str, tuple[int, ...]]] = []
+    real = loader._to_device
+
+    def spy(param, parts, rows, *, device, dtype):
+        out = real(param, parts, rows, device=device, dtype=dtype)
+        assert all(p.device.type == "cpu" for p in parts)  # the parts never left the host
+        seen.append((param, tuple(out.shape)))
+        return out
+
+    monkeypatch.setattr(loader, "_to_device", spy)
+    runner = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32", cpu_packed_weights=False)
+    params = dict(runner.model.named_parameters())
+    assert sorted(n for n, _ in seen) == sorted(params)  # one copy per parameter, no more
+    assert dict(seen)["layers.0.self_attn.qkv_proj.weight"] == tuple(params["layers.0.self_attn.qkv_proj.weight"].shape)
 
 
 def test_missing_directory_and_offline_hub_id(tmp_path, monkeypatch):

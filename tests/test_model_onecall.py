@@ -1,6 +1,6 @@
 """The one-call-per-layer attention path (padded batched SDPA, what CUDA runs without a fused
 varlen kernel) inside the whole model, against transformers' own classes, every mode; and the
-runner's start-up duties: the attention report and the warm-up forward.
+runner's start-up duties: the attention report (the warm-up: tests/test_warmup.py).
 
 Oracle: tests/test_model_forward.py's (transformers on each distinct sequence alone, fp32 CPU,
 1e-4 max abs). The padded path is device-agnostic, so the CPU run checks the very code CUDA runs.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+import numpy as np
 import pytest
 import torch
 
@@ -78,7 +79,7 @@ def test_padded_attention_gradients_match_the_per_run_path(padded_runner):
     assert ((grads[0] - grads[1]).norm() / grads[1].norm()).item() < 1e-5
 
 
-def test_runner_reports_attention_choice_and_warms_up(tiny_embedding_dir, caplog):
+def test_runner_reports_attention_choice(tiny_embedding_dir, caplog):
     with caplog.at_level(logging.INFO, logger="models"):
         runner = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32")
     report = runner.attention_report
@@ -86,26 +87,39 @@ def test_runner_reports_attention_choice_and_warms_up(tiny_embedding_dir, caplog
     assert "needs CUDA" in report["attention_backend_rejected"]["flash-attn"]
     assert "sdpa-padded" in report["attention_backend_rejected"]
     lines = [r.getMessage() for r in caplog.records if r.name == "models.runner"]
-    warm = [ln for ln in lines if "warm-up" in ln]
-    assert len(warm) == 1 and f"{runner.warmup_ms:.1f} ms" in warm[0]
-    assert runner.warmup_ms > 0
     assert any(ln.startswith("attention backend sdpa") and "flash-attn (needs CUDA" in ln
                for ln in lines)
 
 
-def test_warm_up_runs_one_forward_before_serving(tiny_embedding_dir, monkeypatch):
-    """The warm-up is a real forward of the loaded model (not a no-op), exactly once."""
-    from models import runner as runner_mod
+def test_the_padded_plan_is_built_in_prepare_not_in_layer_0(padded_embedding, monkeypatch):
+    """With sdpa-padded, prepare (the prep thread) builds the padded layout; run only reads it."""
+    import dataclasses
 
-    seen = []
-    real_run = runner_mod.Runner.run
+    import models.attention as attention
 
-    def spy(self, prepared):
-        fb = prepared.forward
-        seen.append((fb.num_seqs, fb.num_tokens, fb.cache is None))
-        return real_run(self, prepared)
+    base, oracle = padded_embedding
+    monkeypatch.setattr(base.model.layers[0].self_attn.ops, "attention", AttentionBackend("sdpa-padded", sdpa_padded))
+    runner = dataclasses.replace(base, attention_backend="sdpa-padded", prefix_cache=None)
+    built: list[str] = []
+    real = attention.padded_plan
 
-    monkeypatch.setattr(runner_mod.Runner, "run", spy)
-    load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32")
-    # One forward of the warm-up batch, never through the prefix cache (its tokens are made up).
-    assert seen == [(len(runner_mod.WARMUP_LENGTHS), sum(runner_mod.WARMUP_LENGTHS), True)]
+    def spy(cu_q, cu_k, device):
+        built.append(phase)
+        return real(cu_q, cu_k, device)
+
+    monkeypatch.setattr(attention, "padded_plan", spy)
+    seqs = SKEWED
+    ids, cu = _pack(seqs)
+    phase = "prepare"
+    prepared = runner.prepare(ids, cu)
+    phase = "run"
+    got = runner.run(prepared)
+    assert built == ["prepare"]  # once per batch, before the forward
+    assert (got - oracle.embed(seqs, "last-token")).abs().max().item() < TOL
+
+
+def test_a_batch_holds_at_most_65535_sequences(padded_embedding):
+    runner, _ = padded_embedding
+    n = 65536
+    with pytest.raises(ValueError, match="at most 65535 sequences"):
+        runner.prepare(np.ones(n, np.int32), np.arange(n + 1, dtype=np.int32))

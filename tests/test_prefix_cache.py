@@ -66,11 +66,27 @@ def test_sizes():
     assert capacity_tokens("8192tokens", per) == 8192
     assert capacity_tokens(" 0 ", per) == 0 and capacity_tokens(0, per) == 0
     assert capacity_tokens(4096, 1024) == 4
-    assert capacity_tokens("auto", per) == (512 << 20) // per
     assert capacity_tokens("auto", 64) == 65536  # tiny models: capped in tokens
     for bad in ("12 parsecs", "-5", "lots", "5 MiB tokens", ""):
         with pytest.raises(ValueError):
             capacity_tokens(bad, per)
+
+
+def test_auto_sizes_by_the_machine_and_says_why():
+    from models.prefix_cache.size import auto_device_tokens, auto_host_tokens
+
+    per = bytes_per_token(layers=28, kv_heads=8, head_dim=128, dtype=torch.float32)  # Qwen3-0.6B on a CPU
+    # CPU: a quarter of the available RAM, at most 4 GiB and 65,536 tokens.
+    tokens, why = auto_host_tokens(per, 8 << 30)
+    assert tokens == (2 << 30) // per and "25% of 8.00 GiB RAM available" in why
+    assert auto_host_tokens(per, 64 << 30)[0] == (4 << 30) // per  # the byte cap
+    assert auto_host_tokens(64, 64 << 30)[0] == 65536  # the token cap
+    # CUDA: 70% of what is free after the largest batch's forward.
+    per_bf16 = per // 2
+    tokens, why = auto_device_tokens(per_bf16, 60 << 30, warmup_tokens=16384, peak=3 << 30)
+    assert tokens == int((60 << 30) * 0.7) // per_bf16
+    assert tokens > 300_000  # an 80 GB H100: hundreds of thousands of cached tokens, not 4,600
+    assert "70% of 60.00 GiB device memory free after a 16384-token forward (peak allocated 3.00 GiB)" in why
 
 
 def test_lookup_is_exact_and_sees_committed_blocks_only():

@@ -228,3 +228,106 @@ def test_entries_cancelled_while_forming_are_dropped(monkeypatch):
     run_async(runner, go)
     assert snapshots[0] == 2  # the former chose from both requests
     assert runner.batches() == [req_items(1, [3])]  # the cancelled request never reached prepare
+
+
+class CudaFaultRunner(FakeRunner):
+    """Raises, from inside ``run``, what torch raises for a real CUDA failure (tests/fault_server.py)."""
+
+    def __init__(self, kind: str, **kw):
+        super().__init__(**kw)
+        self.fault_kind = kind
+
+    def run(self, prepared):
+        if any(POISON in s for s in prepared.seqs):
+            from tests.fault_server import cuda_error
+
+            raise cuda_error(self.fault_kind)
+        return super().run(prepared)
+
+
+@pytest.mark.parametrize("kind", ["illegal", "assert"])
+def test_a_cuda_fault_ends_the_pipeline_and_fails_everything_pending(kind, caplog):
+    from scheduler.faults import DeviceFault
+    from scheduler.metrics import Metrics
+
+    runner = CudaFaultRunner(kind)
+    runner.gate.clear()
+    deaths: list[BaseException] = []
+    metrics = Metrics()
+
+    async def go(sched):
+        running = asyncio.ensure_future(sched.submit(req_items(1, [3])))
+        await asyncio.to_thread(runner.running.wait, 5)
+        doomed = asyncio.ensure_future(sched.submit([[POISON, 1]], request_id="f00d"))
+        queued = [asyncio.ensure_future(sched.submit(req_items(r, [3]))) for r in (2, 3)]
+        await asyncio.sleep(0.05)
+        runner.gate.set()
+        outcomes = await asyncio.gather(running, doomed, *queued, return_exceptions=True)
+        await until(lambda: not sched.alive)
+        with pytest.raises(WorkerDead):
+            await sched.submit([[1, 2]])
+        return outcomes
+
+    caplog.set_level(logging.ERROR, logger="scheduler.pipeline")
+    sched, outcomes = run_async(runner, go, max_batch_requests=1, on_death=deaths.append, metrics=metrics)
+    assert not isinstance(outcomes[0], BaseException)  # the batch before the fault ran
+    # the faulted batch and every one behind it: 503, never a 500 that a retry would hit again
+    assert all(isinstance(o, WorkerDead) for o in outcomes[1:]), outcomes
+    assert len(deaths) == 1 and isinstance(deaths[0], DeviceFault)
+    assert "CUDA error" in str(deaths[0].__cause__)
+    (line,) = [r for r in caplog.records if r.levelno == logging.CRITICAL and "device fault" in r.getMessage()]
+    assert "batch 2 hit a device fault at run" in line.getMessage() and "f00d" in line.getMessage()
+    assert metrics.oom_batches._value.get() == 0
+
+
+def test_out_of_memory_fails_only_its_batch_and_is_counted(caplog, monkeypatch):
+    import torch
+
+    from scheduler.metrics import Metrics
+
+    # Stand-ins for the two calls scheduler/faults.py makes on a CUDA process.
+    released: list[str] = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: released.append(threading.current_thread().name))
+    runner = CudaFaultRunner("oom")
+    metrics = Metrics()
+
+    async def go(sched):
+        with pytest.raises(BatchFailed):
+            await sched.submit([[POISON, 1]])
+        with pytest.raises(BatchFailed):
+            await sched.submit([[POISON, 2]])
+        return await sched.submit(req_items(1, [3])), sched.alive
+
+    caplog.set_level(logging.ERROR, logger="scheduler.pipeline")
+    _, (after, alive) = run_async(runner, go, max_batch_requests=1, metrics=metrics)
+    assert alive and np.array_equal(after.outputs[0], expected(req_items(1, [3])[0]))
+    assert metrics.oom_batches._value.get() == 2
+    assert released == ["rs-worker", "rs-worker"]  # the allocator's cache released after each
+    lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(lines) == 2 and all("OutOfMemoryError: CUDA out of memory" in m for m in lines)
+
+
+@pytest.mark.parametrize("exc, fault", [
+    (RuntimeError("CUDA error: an illegal memory access was encountered"), "fatal"),
+    (RuntimeError("CUDA error: unspecified launch failure"), "fatal"),
+    (RuntimeError("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasGemmEx( ... )`"), "fatal"),
+    (RuntimeError("CUDA error: out of memory"), "oom"),
+    (RuntimeError("CUDA out of memory. Tried to allocate 20.00 MiB"), "oom"),
+    (ValueError("the batch is malformed"), "batch"),
+    (RuntimeError("shape '[4, -1]' is invalid for input of size 7"), "batch"),
+])
+def test_classify_tells_cuda_faults_from_out_of_memory_and_bugs(exc, fault):
+    from scheduler.faults import classify
+
+    assert classify(exc) == fault
+
+
+def test_classify_reads_torch_exception_types():
+    import torch
+
+    from scheduler.faults import classify
+
+    assert classify(torch.AcceleratorError("an error the driver reported")) == "fatal"
+    assert classify(torch.OutOfMemoryError("allocation failed")) == "oom"
+    assert classify(torch.cuda.OutOfMemoryError("allocation failed")) == "oom"

@@ -127,6 +127,58 @@ def test_dead_worker_exits_non_zero(tiny_embedding_dir):
     assert "the model worker died" in out
 
 
+def test_a_cuda_fault_answers_503_fails_health_and_exits_non_zero(tiny_embedding_dir):
+    # Forward 2 runs 0.5 s, then raises what torch raises on an illegal memory access.
+    srv = Proc(tiny_embedding_dir, "--max-batch-requests", "1", "--graceful-shutdown-timeout", "6",
+               "--body-read-timeout", "30", fault="slow_forward=0.5,cuda_error_on_forward=2:illegal")
+    results: dict = {}
+    try:
+        ok = httpx.post(srv.url + "/embed", json={"inputs": "fine"}, timeout=30)
+        # A client still sending its body keeps the drain open, so /health can be read meanwhile.
+        slow = socket.create_connection(("127.0.0.1", srv.port))
+        slow.sendall(b"POST /embed HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 40\r\n\r\n{\"inputs\"")
+        faulted = _post_in_thread(srv.url + "/embed", results, "faulted", json={"inputs": "fault"})
+        time.sleep(0.2)
+        queued = _post_in_thread(srv.url + "/embed", results, "queued", json={"inputs": "behind it"})
+        faulted.join(30)
+        queued.join(30)
+        health = httpx.get(srv.url + "/health", timeout=5)
+        slow.close()
+        code, out = srv.wait(timeout=30)
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+    assert ok.status_code == 200
+    for key in ("faulted", "queued"):  # what was pending: a JSON 503, not a 500 a retry would hit again
+        r = results[key]
+        assert r.status_code == 503 and r.json()["error_type"] == "Unhealthy", (key, r.text)
+    assert health.status_code == 503
+    assert code == EXIT_WORKER_DEAD, out
+    assert "device fault at run: AcceleratorError: CUDA error: an illegal memory access" in out
+    assert "the model worker died" in out
+
+
+def test_out_of_memory_fails_its_batch_and_the_server_keeps_serving(tiny_embedding_dir):
+    srv = Proc(tiny_embedding_dir, fault="cuda_error_on_forward=2:oom")
+    try:
+        before = httpx.post(srv.url + "/embed", json={"inputs": "fine"}, timeout=30)
+        oom = httpx.post(srv.url + "/embed", json={"inputs": "too big"}, timeout=30)
+        after = httpx.post(srv.url + "/embed", json={"inputs": "fine again"}, timeout=30)
+        health = httpx.get(srv.url + "/health", timeout=5)
+        metrics = httpx.get(srv.url + "/metrics", timeout=5).text
+        srv.proc.send_signal(signal.SIGTERM)
+        code, out = srv.wait(timeout=30)
+    finally:
+        if srv.proc.poll() is None:
+            srv.proc.kill()
+    assert before.status_code == 200 and after.status_code == 200 and health.status_code == 200
+    assert oom.status_code == 500 and "out of memory" not in oom.text  # generic body, details in the log
+    assert "radixserve_oom_batches_total 1.0" in metrics.splitlines()
+    assert code == 0, out
+    assert "OutOfMemoryError: CUDA out of memory" in out
+
+
 def _read_until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, bool]:
     sock.settimeout(timeout)
     data = b""

@@ -281,3 +281,17 @@ class PrefixCache:
             for b in lease.pinned:
                 b.refs -= 1
             self._free.extend(b.slot for b in lease.pending)
+
+    def reset(self) -> None:
+        """Forget every block and zero the counters (the warm-up's made-up prefixes leave no trace).
+
+        Only with no lease open: every slot is then free or held by a committed block.
+        """
+        with self._lock:
+            if len(self._free) + len(self._index) != self.n_slots or any(b.refs for b in self._index.values()):
+                raise RuntimeError("the prefix cache cannot be reset while a batch holds a lease on it")
+            self._index.clear()
+            self._prefixes.clear()
+            self._lru.clear()
+            self._free = list(range(self.n_slots - 1, -1, -1))
+            self.hits = self.misses = self.evictions = 0

@@ -147,6 +147,10 @@ class Info(BaseModel):
     attention_backend: str
     attention_backend_rejected: dict[str, str] = Field(default_factory=dict)
     linear: str = "F.linear"  # "onednn-packed": CPU float32 linears on weights packed at load
+    prefix_cache: dict = Field(default_factory=dict,
+                               description="the prefix cache's size: tokens, bytes, bytes_per_token, why")
+    memory: dict[str, int] = Field(default_factory=dict,
+                                   description="weights_bytes; on CUDA allocated_bytes and reserved_bytes after load")
     batching_policy: str
     version: str
 

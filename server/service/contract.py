@@ -27,12 +27,16 @@ class ServedRunner(ModelRunner, Protocol):
     attention_rejected: dict[str, str]  # backend -> why it does not run
     kernels: str
     linear: str
+    memory: dict[str, int]  # weights_bytes; on CUDA allocated_bytes and reserved_bytes after load
     max_positions: int
     hidden_size: int
     prompts: dict[str, str]
     default_prompt_name: str | None
     radix_mlp_threshold: float
     prefix_cache: Any  # None when off; else what ``Metrics.watch_prefix_cache`` reads
+    prefix_cache_report: dict  # its size for /info: tokens, bytes, bytes_per_token, why
+
+    def warm_up(self, *, max_tokens: int) -> dict: ...  # the serving path once, on the calling thread
 
 
 class ServedScheduler(Protocol):

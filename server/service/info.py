@@ -67,6 +67,8 @@ def build_info(config: ServerConfig, runner: ServedRunner, *, max_input_length: 
         "attention_backend": runner.attention_backend,  # which runs; why not the others:
         "attention_backend_rejected": dict(runner.attention_rejected),
         "linear": runner.linear,
+        "memory": dict(runner.memory),
+        "prefix_cache": dict(runner.prefix_cache_report),
         "batching_policy": config.batching_policy,
         "version": version(),
     }
