@@ -14,7 +14,7 @@ from server.http.front_door import FrontDoor, bearer_matches, json_content_type
 from server.app import create_app
 from server.config import ServerConfig
 from server.http.errors import install_handlers
-from tests.serving import ServerThread, cached_runner
+from tests.serving import ServerThread, cached_runner, http_stacks
 
 KEY = "sëcret-ключ"  # non-ASCII: sent as UTF-8 bytes
 
@@ -43,9 +43,10 @@ def bare_app(**guard) -> FastAPI:
     return app
 
 
-@pytest.fixture(scope="module")
-def plain():
-    with ServerThread(bare_app(body_timeout_s=0.5)) as s:
+@pytest.fixture(scope="module", params=http_stacks())
+def plain(request):
+    """The bare app under the CLI's listener on each HTTP stack (request ids, 408, 413, 415)."""
+    with ServerThread(bare_app(body_timeout_s=0.5), stack=request.param) as s:
         yield s
 
 
