@@ -19,7 +19,7 @@ import pytest
 
 from server.http.lifecycle import EXIT_WORKER_DEAD
 from tests import fault_server
-from tests.serving import free_port
+from tests.serving import free_port, http_stacks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,9 +70,11 @@ def _post_in_thread(url: str, results: dict, key: str, **kw) -> threading.Thread
     return t
 
 
-def test_sigterm_drains_then_503s_what_is_left_and_exits_in_time(tiny_embedding_dir):
+@pytest.mark.parametrize("stack", http_stacks())
+def test_sigterm_drains_then_503s_what_is_left_and_exits_in_time(tiny_embedding_dir, stack):
     # Each forward takes 1.5 s and holds one item: A finishes inside the drain, B cannot.
     srv = Proc(tiny_embedding_dir, "--graceful-shutdown-timeout", "3", "--max-batch-requests", "1", "--json-output",
+               "--http-stack", stack,
                fault="slow_forward=1.5", env={"RADIX_MLP_THRESHOLD": "1.0", "MAX_CLIENT_BATCH_SIZE": "7"})
     try:
         info = httpx.get(srv.url + "/info").json()  # flags and env vars reach the app
@@ -127,6 +129,11 @@ def test_dead_worker_exits_non_zero(tiny_embedding_dir):
     assert "the model worker died" in out
 
 
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line.split()[1] for line in f if line.startswith("Threads:")))
+
+
 def _read_until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, bool]:
     sock.settimeout(timeout)
     data = b""
@@ -140,10 +147,11 @@ def _read_until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, bool
     return data, True
 
 
-def test_read_timeouts_keep_alive_and_tei_listeners(tiny_embedding_dir, tmp_path):
+@pytest.mark.parametrize("stack", http_stacks())
+def test_read_timeouts_keep_alive_and_tei_listeners(tiny_embedding_dir, tmp_path, stack):
     uds = str(tmp_path / "radixserve.sock")
     prom = free_port()
-    srv = Proc(tiny_embedding_dir, "--header-read-timeout", "0.6", "--body-read-timeout", "0.6",
+    srv = Proc(tiny_embedding_dir, "--header-read-timeout", "0.6", "--body-read-timeout", "0.6", "--http-stack", stack,
                "--uds-path", uds, "--prometheus-port", str(prom), "--cors-allow-origin", "https://app.example")
     try:
         # Slowloris: a header line every 0.2 s, never the blank line. Closed after ~0.6 s.
@@ -185,6 +193,23 @@ def test_read_timeouts_keep_alive_and_tei_listeners(tiny_embedding_dir, tmp_path
             assert len(c.post("/embed", json={"inputs": ["over the socket"]}).json()) == 1
         metrics = httpx.get(f"http://127.0.0.1:{prom}/metrics", timeout=5).text
         assert 'te_request_success{method="embed"} 1.0' in metrics  # the embed over the socket
+        # The metrics listener answers /metrics only, and closes half-sent requests at the head
+        # timeout, with no thread per connection.
+        assert httpx.get(f"http://127.0.0.1:{prom}/embed", timeout=5).status_code == 404
+        assert httpx.post(f"http://127.0.0.1:{prom}/metrics", timeout=5).status_code == 405
+        threads = _threads(srv.proc.pid)
+        half = [socket.create_connection(("127.0.0.1", prom)) for _ in range(40)]
+        try:
+            for s in half:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            time.sleep(0.3)
+            assert _threads(srv.proc.pid) < threads + 5  # prometheus_client's server: one thread each
+            t0 = time.monotonic()
+            assert all(_read_until_closed(s, 5.0) == (b"", True) for s in half)
+            assert time.monotonic() - t0 < 4.0
+        finally:
+            for s in half:
+                s.close()
         pre = httpx.options(srv.url + "/embed", headers={"Origin": "https://app.example",
                                                           "Access-Control-Request-Method": "POST"})
         assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "https://app.example"
@@ -197,6 +222,7 @@ def test_read_timeouts_keep_alive_and_tei_listeners(tiny_embedding_dir, tmp_path
             srv.proc.kill()
     assert code == 0, out
     assert not os.path.exists(uds)
+    assert f"(HTTP stack: {stack})" in out
 
 
 def test_fault_injection_is_off_by_default_and_strict():
