@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.http.lifecycle import EXIT_WORKER_DEAD
+from server.http.lifecycle import EXIT_WORKER_DEAD, RETRY_AFTER_S
 from tests import fault_server
 from tests.serving import free_port, http_stacks
 
@@ -96,7 +96,8 @@ def test_sigterm_drains_then_503s_what_is_left_and_exits_in_time(tiny_embedding_
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
-    assert new.status_code == 503 and new.headers["retry-after"] and new.json()["error_type"] == "Unhealthy"
+    assert new.status_code == 503 and new.headers["retry-after"] == str(RETRY_AFTER_S)
+    assert new.json()["error_type"] == "Unhealthy"
     assert health.status_code == 503
     assert results["a"].status_code == 200 and len(results["a"].json()) == 1, out
     b_resp = results["b"]
