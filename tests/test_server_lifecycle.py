@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -27,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 class Proc:
     """A radixserve process on a free loopback port; ``stop()`` returns (returncode, output)."""
 
-    def __init__(self, model_dir, *flags: str, fault: str = "", env: dict | None = None) -> None:
+    def __init__(self, model_dir, *flags: str, fault: str = "", env: dict | None = None,
+                 open_files: int | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, PYTHONPATH=str(ROOT), RADIXSERVE_TEST_FAULT=fault, **(env or {}))
@@ -36,7 +38,9 @@ class Proc:
         entry = "tests.fault_server" if fault else "server.cli"
         cmd = [sys.executable, "-m", entry, "--model-id", str(model_dir), "--hostname", "127.0.0.1",
                "-p", str(self.port), "--max-batch-tokens", "512", *flags]
-        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        limit = None if open_files is None else (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files)))
+        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     preexec_fn=limit)
         deadline = time.monotonic() + 90
         while True:
             assert self.proc.poll() is None, self.proc.stdout.read()
@@ -224,6 +228,37 @@ def test_read_timeouts_keep_alive_and_tei_listeners(tiny_embedding_dir, tmp_path
     assert code == 0, out
     assert not os.path.exists(uds)
     assert f"(HTTP stack: {stack})" in out
+
+
+@pytest.mark.parametrize("stack", http_stacks())
+def test_idle_connection_flood_neither_starves_health_nor_floods_the_log(tiny_embedding_dir, stack):
+    # 2000 idle connections against a server allowed 256 open files (the attack held them open
+    # with the default head timeout of 10 s; here 60 s, so only the connection cap can help).
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2200:
+        pytest.skip(f"the test process may open only {hard} files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2200), hard))
+    srv = Proc(tiny_embedding_dir, "--http-stack", stack, "--header-read-timeout", "60", open_files=256)
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(2000):
+            idle.append(socket.create_connection(("127.0.0.1", srv.port)))
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        health = httpx.get(srv.url + "/health", timeout=30)
+        elapsed = time.monotonic() - t0
+        embed = httpx.post(srv.url + "/embed", json={"inputs": "still serving"}, timeout=30)
+    finally:
+        for sock in idle:
+            sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        srv.proc.send_signal(signal.SIGTERM)
+    code, out = srv.wait(timeout=30)
+    assert health.status_code == 200 and elapsed < 2.0, (elapsed, out[-2000:])  # generous: ms when idle
+    assert embed.status_code == 200
+    assert code == 0, out[-2000:]
+    assert out.count("Too many open files") <= 3 and len(out.splitlines()) < 60, out[-4000:]
+    assert "at the cap of 192 open connections" in out
 
 
 def test_fault_injection_is_off_by_default_and_strict():

@@ -14,7 +14,7 @@ a new request-cycle object exactly when a request head is complete, so one mixin
   oldest idle one, so a flood of idle connections can neither exhaust the process's file
   descriptors nor keep out a health probe; when every open connection is busy, the new one is
   closed at once. Accepting never fails for want of descriptors as long as the cap leaves room
-  (``connection_limit``).
+  (``connection_limit``) and connections are accepted a few at a time (``PacedListener``).
 
 Invariant: a connection is in ``Connections.idle`` iff its head timer is armed.
 """
@@ -86,7 +86,7 @@ class Connections:
         while self.idle:
             victim, _ = self.idle.popitem(last=False)
             if not victim.transport.is_closing():
-                victim.transport.close()
+                close_now(victim.transport)
                 self.evicted += 1
                 self.warn(logging.WARNING, "at the cap of %d open connections: closed the oldest idle one",
                           self.limit)
@@ -98,6 +98,35 @@ class Connections:
     def left(self, conn) -> None:
         self.open -= 1
         self.idle.pop(conn, None)
+
+
+class PacedListener(socket.socket):
+    """A listening socket that accepts at most ``ACCEPT_BURST`` connections per loop iteration.
+
+    asyncio's accept loop takes up to a backlog's worth (2048) of connections in one go, before
+    any of them reaches ``connection_made``, where the cap and the eviction of idle connections
+    act: under a flood it would run out of descriptors first. Accepting in small bursts lets the
+    cap keep up. (uvloop accepts in libuv and never calls ``accept`` here.)
+    """
+
+    ACCEPT_BURST = 16
+
+    def accept(self):
+        used = getattr(self, "_burst_used", 0)
+        if used >= self.ACCEPT_BURST:
+            raise BlockingIOError("accept burst used up for this loop iteration")  # asyncio: try next time
+        if used == 0:
+            asyncio.get_running_loop().call_soon(self._reset_burst)
+        self._burst_used = used + 1
+        return super().accept()
+
+    def _reset_burst(self) -> None:
+        self._burst_used = 0
+
+
+def paced(sockets: list[socket.socket]) -> list[socket.socket]:
+    """The listening ``sockets`` as ``PacedListener``s (the same descriptors; the originals detached)."""
+    return [PacedListener(s.family, s.type, s.proto, fileno=s.detach()) for s in sockets]
 
 
 class HeadTimeout:
@@ -180,6 +209,22 @@ def httptools_protocol() -> type:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     return type("HeadTimeoutHttptools", (HeadTimeout, HttpToolsProtocol), {})
+
+
+def close_now(transport) -> None:
+    """Abort ``transport`` and free its descriptor at once.
+
+    asyncio closes a transport's socket only on a later loop iteration, while its accept loop
+    takes up to a backlog's worth of connections in one go: evicting idle connections would not
+    free descriptors in time, and accept() would fail with EMFILE (then asyncio stops accepting
+    for a second). Its selector transports keep the socket in ``_sock``; closing it after
+    ``abort`` (which unregisters it) is safe, and the transport's own close later is a no-op.
+    uvloop's transports have no such attribute; libuv copes with EMFILE itself.
+    """
+    transport.abort()
+    sock = getattr(transport, "_sock", None)
+    if isinstance(sock, socket.socket):
+        sock.close()
 
 
 def no_delay(transport) -> None:

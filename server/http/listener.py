@@ -26,7 +26,7 @@ import threading
 import uvicorn
 
 from server.http.connections import (Connections, HeadTimeoutH11, RateLimitedLog, connection_limit,
-                                     httptools_protocol)
+                                     httptools_protocol, paced)
 from server.http.lifecycle import Lifecycle
 
 log = logging.getLogger("radixserve.server")
@@ -139,7 +139,8 @@ class DrainingServer(uvicorn.Server):
 
 
 def bind_sockets(*, hostname: str, port: int, uds_path: str | None) -> list[socket.socket]:
-    """Listening sockets: TCP (IPv6 when the address has a colon), and the unix socket if asked."""
+    """Listening sockets: TCP (IPv6 when the address has a colon), and the unix socket if asked;
+    each accepts a few connections per loop iteration (``PacedListener``)."""
     family = socket.AF_INET6 if ":" in hostname else socket.AF_INET
     tcp = socket.create_server((hostname, port), family=family, backlog=2048)
     sockets = [tcp]
@@ -153,7 +154,7 @@ def bind_sockets(*, hostname: str, port: int, uds_path: str | None) -> list[sock
         uds.bind(uds_path)
         uds.listen(2048)
         sockets.append(uds)
-    return sockets
+    return paced(sockets)
 
 
 def metrics_server(registry, *, sock: socket.socket, stack: str, header_timeout_s: float,
