@@ -27,6 +27,7 @@ import logging
 import resource
 import socket
 import time
+from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -74,7 +75,7 @@ class Connections:
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.open = 0
-        self.idle: collections.OrderedDict[object, None] = collections.OrderedDict()
+        self.idle: collections.OrderedDict[Any, None] = collections.OrderedDict()
         self.evicted = 0
         self.warn = RateLimitedLog()
 
@@ -135,10 +136,10 @@ class HeadTimeout:
     header_timeout_s: float = 10.0
     connections_book: Connections | None = None
     # set by the protocol class (uvicorn's attributes)
-    transport: asyncio.Transport
-    loop: asyncio.AbstractEventLoop
-    cycle: object
-    client: object
+    transport: Any
+    loop: Any
+    cycle: Any
+    client: Any
 
     def connection_made(self, transport) -> None:
         no_delay(transport)

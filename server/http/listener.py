@@ -22,6 +22,7 @@ import signal
 import socket
 import stat
 import threading
+from typing import Sequence
 
 import uvicorn
 
@@ -89,7 +90,7 @@ class DrainingServer(uvicorn.Server):
     """uvicorn.Server whose signals drive ``lifecycle`` (drain, then stop)."""
 
     def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, *,
-                 side: list[tuple[uvicorn.Server, list[socket.socket]]] = ()) -> None:
+                 side: Sequence[tuple[uvicorn.Server, list[socket.socket]]] = ()) -> None:
         super().__init__(config)
         self.lifecycle = lifecycle
         lifecycle.on_stop = self._stop
