@@ -203,10 +203,9 @@ class Pipeline:
         try:
             input_ids, cu_seqlens = pack(batch.entries)
             mask = np.fromiter((e.all_tokens for e in batch.entries), dtype=bool, count=len(batch.entries))  # [B]
-            spaces = [e.namespace for e in batch.entries]
-            extra = {"namespaces": spaces} if any(spaces) else {}  # only runners that see namespaces need it
+            spaces = [e.namespace for e in batch.entries]  # [B]
             batch.prepared = p = self.runner.prepare(input_ids, cu_seqlens, all_tokens=mask if mask.any() else None,
-                                                     **extra)
+                                                     namespaces=spaces if any(spaces) else None)
             m = self.metrics
             if m is not None:
                 m.batch_next_size.observe(len(batch.entries))

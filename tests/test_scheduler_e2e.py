@@ -28,7 +28,7 @@ class GatedPrepRunner(FakeRunner):
         super().__init__(threshold=1.0)
         self.prep_gate = threading.Event()
 
-    def prepare(self, input_ids, cu_seqlens, *, all_tokens=None):
+    def prepare(self, input_ids, cu_seqlens, *, all_tokens=None, namespaces=None):
         self.prep_gate.wait(10)
         return super().prepare(input_ids, cu_seqlens, all_tokens=all_tokens)
 

@@ -102,11 +102,13 @@ class Tokenization:
 
         def render() -> bytes:
             full = [prompt + t for t in texts]
-            total = count_capped(self.tokenizer, full, self.max_display_tokens, add_special_tokens=add_special_tokens)
+            total, exact = count_capped(self.tokenizer, full, self.max_display_tokens,
+                                        add_special_tokens=add_special_tokens)
             if total > self.max_display_tokens:
+                held = f"{total} tokens" if exact else f"at least {total} tokens"
                 raise TooManyTokens(
-                    f"the inputs hold more than {self.max_display_tokens} tokens together (at least {total}), "
-                    "more than /tokenize returns per request; send fewer or shorter inputs"
+                    f"the inputs hold {held} together, more than /tokenize returns per request "
+                    f"({self.max_display_tokens}); send fewer or shorter inputs"
                 )
             encs = self.tokenizer.encode_batch(full, add_special_tokens=add_special_tokens)
             out = []
@@ -126,8 +128,9 @@ class Tokenization:
 PREFIX_SLACK = 16
 
 
-def count_capped(tokenizer, texts: Sequence[str], cap: int, *, add_special_tokens: bool) -> int:
-    """The texts' total token count when it is at most ``cap``; else a lower bound above ``cap``.
+def count_capped(tokenizer, texts: Sequence[str], cap: int, *, add_special_tokens: bool) -> tuple[int, bool]:
+    """(count, exact): the texts' total token count when it is at most ``cap`` (exact); else a
+    count above ``cap``, exact or a lower bound.
 
     The work is bounded by the cap, not by the input: each text is encoded on prefixes that double
     from 2 x (cap + slack) characters until the text ends or a prefix alone settles that the
@@ -144,11 +147,11 @@ def count_capped(tokenizer, texts: Sequence[str], cap: int, *, add_special_token
                 total += n
                 break
             if total + n - PREFIX_SLACK > cap:
-                return total + n - PREFIX_SLACK
+                return total + n - PREFIX_SLACK, False
             size *= 2
         if total > cap:
-            return total
-    return total
+            return total, True
+    return total, True
 
 
 class TooManyTokens(ValueError):
