@@ -103,7 +103,7 @@ def test_runner_prepare_builds_and_gates_the_trie(tiny_embedding_dir, threshold,
     runner = models.load_runner(str(tiny_embedding_dir), device="cpu", radix_mlp_threshold=threshold,
                                 prefix_cache_size=0)
     built = []
-    monkeypatch.setattr(runner_module, "build_index", lambda *a: built.append(build_index(*a)) or built[-1])
+    monkeypatch.setattr(runner_module, "build_index", lambda *a, **k: built.append(build_index(*a, **k)) or built[-1])
     shared = [[5, 6, 7, 8, 9], [5, 6, 7, 1], [5, 6, 2, 3, 4, 4]]  # N'/N 12/15 = 0.8
     distinct = [[10, 11], [12, 13]]  # N'/N 1.0
     for seqs in (shared, distinct):
