@@ -113,3 +113,44 @@ class _Req:
     def __init__(self, salt: str | None) -> None:
         self.scope: dict = {}
         cache_salt.remember(self, salt)
+
+
+def test_cache_plan_finds_a_prefix_only_in_its_own_namespace():
+    import torch
+
+    from models.prefix_cache import PrefixCache
+
+    cache = PrefixCache(layers=1, kv_heads=1, head_dim=2, capacity=16 * 16, dtype=torch.float32, device="cpu")
+    seq = np.arange(100, 140, dtype=np.int32)  # 2 full blocks and a tail of 8
+    cu = np.asarray([0, 40], dtype=np.int64)
+    cache.commit(cache.plan(seq, cu, [b"tenant-a"]))
+    for spaces, found in (([b"tenant-a"], 39), ([b"tenant-b"], 0), (None, 0), ([b""], 0)):
+        lease = cache.plan(seq, cu, spaces)
+        assert int(lease.matched[0]) == found, (spaces, lease.matched)
+        cache.abort(lease)
+    cache.commit(cache.plan(seq, cu))  # the shared namespace gets its own copy
+    lease = cache.plan(seq, cu)
+    assert int(lease.matched[0]) == 39
+    cache.abort(lease)
+
+
+def test_trie_groups_equal_separate_tries():
+    from models.radix import build_index, positions_from_cu_seqlens
+
+    rng = np.random.default_rng(1)
+    base = rng.integers(0, 50, size=12)
+    seqs = [np.concatenate([base, rng.integers(0, 50, size=k)]) for k in (3, 0, 5, 3, 1)]
+    groups = np.asarray([0, 7, 7, 0, 3])
+    ids = np.concatenate(seqs).astype(np.int32)
+    cu = np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int32)
+    together = build_index(ids, positions_from_cu_seqlens(cu), cu, groups=groups)
+    separate = 0
+    for g in np.unique(groups):
+        part = [s for s, gg in zip(seqs, groups) if gg == g]
+        pids = np.concatenate(part).astype(np.int32)
+        pcu = np.concatenate([[0], np.cumsum([len(s) for s in part])]).astype(np.int32)
+        separate += len(build_index(pids, positions_from_cu_seqlens(pcu), pcu).gather)
+    assert len(together.gather) == separate
+    assert np.array_equal(ids[together.gather], together.compact_ids)  # real tokens, not the keys
+    shared = build_index(ids, positions_from_cu_seqlens(cu), cu)
+    assert len(shared.gather) < separate
