@@ -99,13 +99,14 @@ def _checked(input_ids, cu_seqlens) -> tuple[np.ndarray, np.ndarray]:
 
 def build_forward_batch(input_ids, cu_seqlens, index: RadixIndex | None = None, *,
                         mode: str = "compact", device: torch.device | str = "cpu",
-                        mean_pooling: bool = False, cache: PrefixCache | None = None) -> ForwardBatch:
+                        mean_pooling: bool = False, cache: PrefixCache | None = None,
+                        namespaces=None) -> ForwardBatch:
     """Host-side builder. input_ids [N] int, cu_seqlens [B+1] int, index RadixIndex-shaped or None.
 
     With index=None the mode is "off" whatever `mode` says, unless a `cache` is given (compact
     mode only): then index=None means one node per token (no in-batch sharing), and the batch
     holds a lease on the cache that `cache.commit()`/`abort()` must settle (dropping the batch
-    aborts it).
+    aborts it). namespaces: None, or [B] bytes, each sequence's prefix-cache namespace.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
@@ -118,7 +119,7 @@ def build_forward_batch(input_ids, cu_seqlens, index: RadixIndex | None = None, 
         if refused is not None:
             raise ValueError(f"the prefix cache cannot serve this batch: {refused}")
         nodes = index if index is not None else identity_index(ids, cu)
-        plan = plan_batch(cache, ids, cu, nodes, device)
+        plan = plan_batch(cache, ids, cu, nodes, device, namespaces)
         try:
             return _build_cached(cu, nodes, plan, device)
         except BaseException:

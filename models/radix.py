@@ -168,15 +168,27 @@ def _layout_doubling(sym, lens, cu):
     return gather, compact_of_node[node], np.bincount(seq[gather], minlength=lens.size)
 
 
-def build_index(input_ids, position_ids, cu_seqlens) -> RadixIndex:
-    """Deduplicate the rows of a ragged batch that share their whole prefix (see module doc)."""
+def build_index(input_ids, position_ids, cu_seqlens, *, groups=None) -> RadixIndex:
+    """Deduplicate the rows of a ragged batch that share their whole prefix (see module doc).
+
+    groups: None, or [B] ints in [0, 2**30): sequences of different groups never share a node
+    (0 is the shared group; e.g. prefix-cache namespaces, so that a batch's compute does not
+    depend on what another namespace sent).
+    """
     ids, pos, cu = _validate(input_ids, position_ids, cu_seqlens)
     n = ids.size
     if n == 0:
         empty = np.zeros(0, dtype=np.int32)
         return RadixIndex(empty, empty, empty, empty, empty, np.zeros(1, np.int32), 1.0)
     lens = np.diff(cu)
-    sym = ((ids << 31) | pos) + 1  # [N] one int64 per (token, position), >= 1
+    sym = ((ids << 31) | pos) + 1  # [N] one int64 per (token, position), in [1, 2**62]
+    if groups is not None:
+        g = np.asarray(groups, dtype=np.int64)  # [B]
+        if g.shape != lens.shape or (g.size and (g.min() < 0 or g.max() >= 1 << 30)):
+            raise ValueError(f"groups must be [B] ints in [0, 2**30), got shape {g.shape}")
+        first = cu[:-1][g > 0]  # first row of each sequence in a group of its own
+        # above every (token, position) key: a grouped sequence's root row matches only its group's
+        sym[first] = ((1 << 62) | (g[g > 0] << 31) | ids[first]) + 1
     if lens.size * int(lens.max()) <= _PAD_FACTOR * n + _PAD_SLACK:
         gather, scatter, n_owned = _layout_padded(sym, lens, cu)
     else:

@@ -91,12 +91,14 @@ class Runner:
         return {"attention_backend": self.attention_backend,
                 "attention_backend_rejected": dict(self.attention_rejected)}
 
-    def prepare(self, input_ids, cu_seqlens, *, all_tokens=None) -> PreparedBatch:
+    def prepare(self, input_ids, cu_seqlens, *, all_tokens=None, namespaces=None) -> PreparedBatch:
         """Host side: input_ids int [N], cu_seqlens int [B+1] -> everything the forward needs.
 
         Builds the trie unless the threshold is 0, keeps it iff the gate says so, and pins and
         queues the tensors to the device. all_tokens: None, or [B] bool, the items that answer
-        every token's final state instead of the pooled output.
+        every token's final state instead of the pooled output. namespaces: None, or [B] bytes,
+        each item's prefix-cache namespace (b"": the shared one); items of different namespaces
+        share neither cache entries nor trie nodes.
         """
         n = int(cu_seqlens[-1])
         if len(cu_seqlens) - 1 > MAX_SEQS:
@@ -109,7 +111,8 @@ class Runner:
         index: RadixIndex | None = None
         ratio = 1.0
         if self.radix_mlp_threshold > 0.0:
-            built = build_index(input_ids, positions_from_cu_seqlens(cu_seqlens), cu_seqlens)
+            built = build_index(input_ids, positions_from_cu_seqlens(cu_seqlens), cu_seqlens,
+                                groups=namespace_groups(namespaces))
             ratio = float(built.ratio)
             saved = n - len(built.compact_ids)
             if use_index(self.radix_mlp_threshold, ratio, saved_rows=saved, hidden_size=self.hidden_size):
@@ -122,6 +125,7 @@ class Runner:
             input_ids, cu_seqlens, index, mode=self.radix_attention, device=self.device,
             mean_pooling=self.kind == "embedding" and self.pooling == "mean",
             cache=self.prefix_cache if self.cache_usable(all_tokens=per_token) else None,
+            namespaces=namespaces,
         )
         if self.attention_backend == "sdpa-padded":
             # NOTE: the padded layout (host work, then its copies) is built here on the prep
@@ -317,3 +321,13 @@ def _pack(model: Qwen3Model, *, device: torch.device, dtype: torch.dtype, wanted
     (log.warning if device.type == "cpu" and dtype == torch.float32 else log.info)(
         "linear layers: F.linear (%s)", reason)
     return "F.linear"
+
+
+def namespace_groups(namespaces) -> np.ndarray | None:
+    """[B] int64 group of each item for the trie: 0 for the shared namespace (b""), 1.. for the
+    others in order of first appearance; None when every item is in the shared one."""
+    if namespaces is None or not any(namespaces):
+        return None
+    ranks: dict[bytes, int] = {b"": 0}
+    return np.fromiter((ranks.setdefault(ns, len(ranks)) for ns in namespaces), dtype=np.int64,
+                       count=len(namespaces))

@@ -42,13 +42,15 @@ class ModelRunner(Protocol):
 
     ``input_ids`` int32 [N] and ``cu_seqlens`` int32 [B+1]; ``all_tokens`` is None or a [B] bool
     mask of the items that answer every token's final state; every runner accepts it (the
-    scheduler passes None when no item is flagged). ``run`` takes what ``prepare`` returned and
+    scheduler passes None when no item is flagged). ``namespaces``: None, or [B] bytes, each
+    item's prefix-cache namespace (b"" the shared one; None when every item is in it); every
+    runner accepts it too. ``run`` takes what ``prepare`` returned and
     returns one output per item: an array with a leading [B] axis (numpy, or a torch tensor on the
     host) or a sequence of B outputs of any shapes.
     """
 
     def prepare(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, *,
-                all_tokens: np.ndarray | None = None) -> Prepared:
+                all_tokens: np.ndarray | None = None, namespaces: list[bytes] | None = None) -> Prepared:
         ...
 
     def run(self, prepared: Any) -> Any:

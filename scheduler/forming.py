@@ -28,6 +28,7 @@ class Entry:
     arrival: float  # time.monotonic() when enqueued
     payload: object = field(default=None, repr=False)  # the scheduler's bookkeeping
     all_tokens: bool = False  # answer every token's final state [L, E], not the pooled output
+    namespace: bytes = b""  # prefix-cache namespace: shares cached prefixes only with its own
 
     @property
     def n_tokens(self) -> int:

@@ -209,7 +209,9 @@ class Pipeline:
         try:
             input_ids, cu_seqlens = pack(batch.entries)
             mask = np.fromiter((e.all_tokens for e in batch.entries), dtype=bool, count=len(batch.entries))  # [B]
-            batch.prepared = p = self.runner.prepare(input_ids, cu_seqlens, all_tokens=mask if mask.any() else None)
+            spaces = [e.namespace for e in batch.entries]  # [B]
+            batch.prepared = p = self.runner.prepare(input_ids, cu_seqlens, all_tokens=mask if mask.any() else None,
+                                                     namespaces=spaces if any(spaces) else None)
             m = self.metrics
             if m is not None:
                 m.batch_next_size.observe(len(batch.entries))

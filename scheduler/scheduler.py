@@ -175,12 +175,14 @@ class Scheduler:
 
     # -- the event-loop side --------------------------------------------------------------------
     async def submit(
-        self, items: list[list[int]], *, request_id: str | None = None, all_tokens: bool = False
+        self, items: list[list[int]], *, request_id: str | None = None, all_tokens: bool = False,
+        namespace: bytes = b"",
     ) -> SubmitResult:
         """Run ``items`` (token id lists, each 1..max_batch_tokens long) and return their outputs.
 
         ``request_id`` names the request in the log lines of a failed batch. ``all_tokens``: each
         output is the item's per-token final states, float32 [L, E], instead of the pooled one.
+        ``namespace``: the items' prefix-cache namespace (b"": shared); handed to ``runner.prepare``.
         """
         if not items:
             raise ValueError("submit needs at least one item")
@@ -192,7 +194,8 @@ class Scheduler:
         label = request_id if request_id is not None else f"#{rid}"
         now = time.monotonic()
         tickets = [_Ticket(loop, label) for _ in items]
-        entries = [Entry(rid, list(ids), now, payload=t, all_tokens=all_tokens) for ids, t in zip(items, tickets)]
+        entries = [Entry(rid, list(ids), now, payload=t, all_tokens=all_tokens, namespace=namespace)
+                   for ids, t in zip(items, tickets)]
         with self._lock:
             if not (self._accepting and self._pipeline.alive):
                 raise WorkerDead("the model worker is not running")

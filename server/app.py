@@ -142,7 +142,7 @@ def add_middleware(app: FastAPI, config: ServerConfig, lifecycle: Lifecycle, *,
     """Innermost first: the front door, then the drain gate, then CORS (outermost)."""
     app.add_middleware(
         FrontDoor, payload_limit=config.payload_limit, api_key=config.api_key, on_error=on_error,
-        body_timeout_s=config.body_read_timeout,
+        body_timeout_s=config.body_read_timeout, compute_tokens_header=config.compute_tokens_header,
     )
     app.add_middleware(DrainGate, lifecycle=lifecycle)  # outside FrontDoor: a drain answers before auth
     if config.cors_allow_origin:

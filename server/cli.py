@@ -123,9 +123,22 @@ def export_hub_settings(config: ServerConfig, environ=None) -> None:
         log.warning("huggingface_hub was imported before the hub settings were applied")
 
 
-def main(argv: list[str] | None = None) -> int:
-    import uvicorn
+def metrics_listener(config: ServerConfig, app) -> list:
+    """The --prometheus-port listener as a side server of the API's (none when the flag is unset)."""
+    from server.http import listener
 
+    if config.prometheus_port is None:
+        return []
+    host = config.prometheus_hostname or config.hostname
+    sock = listener.bind_sockets(hostname=host, port=config.prometheus_port, uds_path=None)[0]
+    service = app.state.service
+    log.info("metrics also served on http://%s:%d/metrics", host, config.prometheus_port)
+    return [listener.metrics_server(
+        service.metrics.registry, sock=sock, stack=config.http_stack, header_timeout_s=config.header_read_timeout,
+        on_scrape=lambda: service.metrics.queue_size.set(service.scheduler.queue_size))]
+
+
+def main(argv: list[str] | None = None) -> int:
     from server.app import create_app, load_runner
     from server.http import listener, tracing
     from server.http.logs import setup_logging
@@ -140,28 +153,28 @@ def main(argv: list[str] | None = None) -> int:
         runner = load_runner(config)
         app = create_app(config, runner=runner)
         sockets = listener.bind_sockets(hostname=config.hostname, port=config.port, uds_path=config.uds_path)
-        if config.prometheus_port is not None:
-            listener.start_prometheus(config.prometheus_port, hostname=config.hostname,
-                                     registry=app.state.service.metrics.registry)
+        side = metrics_listener(config, app)
     except Exception as exc:  # noqa: BLE001 - report and exit non-zero, no traceback spam
         log.error("could not start: %s: %s", type(exc).__name__, exc)
         return 1
     lifecycle = app.state.lifecycle
     served = tracing.instrument(app, endpoint=config.otlp_endpoint, service_name=config.otlp_service_name)
-    uv_config = uvicorn.Config(
+    uv_config = listener.uvicorn_config(
         served,
-        http=listener.protocol_class(config.header_read_timeout),
+        stack=config.http_stack,
+        header_timeout_s=config.header_read_timeout,
+        max_connections=config.max_connections,
         log_config=None,  # keep our handlers (JSON or text)
         # NOTE: the Lifecycle drains first; uvicorn then only closes the (answered) connections.
         timeout_graceful_shutdown=max(0.1, lifecycle.margin_s / 4),
         lifespan="on",
     )
     where = f"http://{config.hostname}:{config.port}" + (f" and unix:{config.uds_path}" if config.uds_path else "")
-    log.info("listening on %s", where)
+    log.info("listening on %s (HTTP stack: %s)", where, listener.resolve_stack(config.http_stack))
     try:
-        listener.DrainingServer(uv_config, lifecycle).run(sockets=sockets)
+        listener.DrainingServer(uv_config, lifecycle, side=side).run(sockets=sockets)
     finally:
-        for sock in sockets:
+        for sock in [*sockets, *(s for _, socks in side for s in socks)]:
             sock.close()
         if config.uds_path and os.path.exists(config.uds_path):
             os.unlink(config.uds_path)

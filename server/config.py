@@ -90,6 +90,17 @@ class ServerConfig:
         None, "origins allowed by CORS (comma-separated or repeated; * for any; unset: no CORS headers)")
     prometheus_port: int | None = option(
         None, "also serve the metrics on their own listener on this port (TEI: 9000; /metrics stays)", minimum=0)
+    prometheus_hostname: str | None = option(
+        None, "address of the --prometheus-port listener (default: --hostname)")
+    http_stack: str = option(
+        "auto", "HTTP parser and event loop: httptools on uvloop, or h11 on asyncio; auto: httptools when installed",
+        choices=("auto", "httptools", "h11"))
+    max_connections: int | None = option(
+        None, "open connections (default and ceiling: the open-file limit less a reserve); beyond it the "
+              "oldest idle connection is closed", minimum=1)
+    compute_tokens_header: bool = option(
+        True, "send x-compute-tokens (it reveals how much of an input other requests had cached: see the "
+              "security notes)")
     json_output: bool = option(False, "JSON log lines")
     disable_spans: bool = option(False, "TEI: drop span fields from log lines",
                                  inert="log lines here carry no spans")

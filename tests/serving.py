@@ -37,13 +37,37 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class ServerThread:
-    """``with ServerThread(app) as srv: httpx.get(srv.url + "/health")``."""
+def http_stacks() -> list:
+    """pytest params of the HTTP stacks to test on: h11 always, httptools (skipped when absent)."""
+    import pytest
 
-    def __init__(self, app, *, port: int | None = None, startup_timeout: float = 60.0) -> None:
+    try:
+        import httptools  # noqa: F401
+        import uvloop  # noqa: F401
+        have = True
+    except ImportError:
+        have = False
+    return ["h11", pytest.param("httptools", marks=pytest.mark.skipif(not have, reason="httptools/uvloop not installed"))]
+
+
+class ServerThread:
+    """``with ServerThread(app) as srv: httpx.get(srv.url + "/health")``.
+
+    ``stack``: run the CLI's listener stack (server.http.listener: our protocol, head timeout
+    ``header_timeout_s``) on that HTTP stack; None: uvicorn's defaults.
+    """
+
+    def __init__(self, app, *, port: int | None = None, startup_timeout: float = 60.0, stack: str | None = None,
+                 header_timeout_s: float = 10.0) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        common = dict(host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        if stack is None:
+            config = uvicorn.Config(app, **common)
+        else:
+            from server.http.listener import uvicorn_config
+
+            config = uvicorn_config(app, stack=stack, header_timeout_s=header_timeout_s, **common)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name=f"uvicorn-{self.port}", daemon=True)
         self.startup_timeout = startup_timeout

@@ -207,3 +207,24 @@ def test_metrics_table_is_what_metrics_exposes(app):
         assert name not in documented, f"{name} documented twice"
         documented[name] = kind
     assert documented == exposed, "docs/api.md's metrics table and GET /metrics disagree"
+
+
+def test_retry_after_values_in_the_docs_are_the_servers():
+    """Every ``Retry-After: N`` the docs promise is the value the server sends in that case."""
+    from server.http.errors import RETRY_AFTER
+    from server.http.lifecycle import RETRY_AFTER_S
+
+    expected = {"drain": str(RETRY_AFTER_S), "worker": RETRY_AFTER[503], "429": RETRY_AFTER[429]}
+    checked = 0
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for paragraph in re.split(r"\n\s*\n", doc.read_text()):
+            for row in paragraph.split("\n|"):  # table rows apart; prose lines stay joined
+                start = 0
+                for m in re.finditer(r"Retry-After: (\d+)", row):
+                    window = row[start:m.start()].lower()
+                    start = m.end()
+                    case = next((c for c in ("drain", "worker", "429") if c in window), None)
+                    if case is not None:
+                        assert m.group(1) == expected[case], (doc.name, case, row)
+                        checked += 1
+    assert checked >= 5

@@ -92,7 +92,7 @@ class MaskRunner(FakeRunner):
         self.entered = threading.Event()
         self.release = threading.Event()
 
-    def prepare(self, input_ids, cu_seqlens, *, all_tokens=None):
+    def prepare(self, input_ids, cu_seqlens, *, all_tokens=None, namespaces=None):
         self.entered.set()
         self.release.wait(10)  # the first batch waits until everything else is queued
         self.masks.append(all_tokens)

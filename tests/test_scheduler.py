@@ -55,7 +55,7 @@ class FakeRunner:
         self.gate.set()
         self.running = threading.Event()
 
-    def prepare(self, input_ids, cu_seqlens, *, all_tokens=None):
+    def prepare(self, input_ids, cu_seqlens, *, all_tokens=None, namespaces=None):
         assert input_ids.dtype == np.int32 and cu_seqlens.dtype == np.int32
         t0 = time.monotonic()
         time.sleep(self.prep_s)

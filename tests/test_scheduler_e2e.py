@@ -29,7 +29,7 @@ class GatedPrepRunner(FakeRunner):
         super().__init__(threshold=1.0)
         self.prep_gate = threading.Event()
 
-    def prepare(self, input_ids, cu_seqlens, *, all_tokens=None):
+    def prepare(self, input_ids, cu_seqlens, *, all_tokens=None, namespaces=None):
         self.prep_gate.wait(10)
         return super().prepare(input_ids, cu_seqlens, all_tokens=all_tokens)
 
@@ -104,7 +104,7 @@ def test_runner_prepare_builds_and_gates_the_trie(tiny_embedding_dir, threshold,
     runner = models.load_runner(str(tiny_embedding_dir), device="cpu", radix_mlp_threshold=threshold,
                                 prefix_cache_size=0)
     built = []
-    monkeypatch.setattr(runner_module, "build_index", lambda *a: built.append(build_index(*a)) or built[-1])
+    monkeypatch.setattr(runner_module, "build_index", lambda *a, **k: built.append(build_index(*a, **k)) or built[-1])
     shared = [[5, 6, 7, 8, 9], [5, 6, 7, 1], [5, 6, 2, 3, 4, 4]]  # N'/N 12/15 = 0.8
     distinct = [[10, 11], [12, 13]]  # N'/N 1.0
     head = list(range(100, 300))

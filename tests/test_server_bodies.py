@@ -146,3 +146,65 @@ def test_openapi_lists_each_body_schema(srv):
         shapes = schema.get("oneOf", [schema])  # /rerank takes TEI's shape or the Cohere/vLLM one
         assert body["required"] and any(field in shape["properties"] for shape in shapes), path
         assert "$ref" not in str(schema) or "#/components/" in str(schema), path
+
+
+class _Recording:
+    """A tokenizer that counts the characters it is asked to encode."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.chars = inner, 0
+
+    def encode(self, text, **kw):
+        self.chars += len(text)
+        return self.inner.encode(text, **kw)
+
+    def encode_batch(self, texts, **kw):
+        self.chars += sum(len(t) for t in texts)
+        return self.inner.encode_batch(texts, **kw)
+
+
+def _tokenization(model_dir, cap: int):
+    from prometheus_client import CollectorRegistry
+
+    from scheduler.metrics import Metrics
+    from server.service.tokenization import Tokenization
+
+    runner = cached_runner(str(model_dir))
+    tok = Tokenization(runner, max_input_length=64, metrics=Metrics(CollectorRegistry()), max_display_tokens=cap,
+                       workers=1)
+    tok.tokenizer = _Recording(runner.tokenizer)
+    return tok
+
+
+def test_tokenize_counts_in_proportion_to_the_cap_not_the_body(tiny_embedding_dir):
+    import asyncio
+
+    tok = _tokenization(tiny_embedding_dir, cap=512)
+    try:
+        with pytest.raises(ApiError) as err:
+            asyncio.run(tok.display(["1234567890" * 190_000], prompt="", add_special_tokens=True))
+        assert err.value.status == 422 and "512" in str(err.value)
+        assert tok.tokenizer.chars < 20 * 512  # not the 1.9M characters of the body
+    finally:
+        tok.close()
+
+
+@pytest.mark.parametrize("unit", ["7", "a", " ", "word ", "ß€", "ab1 "])
+def test_tokenize_cap_decision_matches_the_full_count(tiny_embedding_dir, unit):
+    import asyncio
+
+    cap = 300
+    tok = _tokenization(tiny_embedding_dir, cap=cap)
+    try:
+        full = tok.tokenizer.inner
+        for reps in (cap // 8, cap // 2, cap - 3, cap, cap + 1, cap + 40, 4 * cap, 60 * cap):
+            text = unit * reps
+            n = len(full.encode(text, add_special_tokens=True).ids)
+            try:
+                asyncio.run(tok.display([text, "x"], prompt="", add_special_tokens=True))
+                fits = True
+            except ApiError:
+                fits = False
+            assert fits == (n + len(full.encode("x", add_special_tokens=True).ids) <= cap), (unit, reps, n)
+    finally:
+        tok.close()

@@ -14,7 +14,7 @@ from server.http.front_door import FrontDoor, bearer_matches, json_content_type
 from server.app import create_app
 from server.config import ServerConfig
 from server.http.errors import install_handlers
-from tests.serving import ServerThread, cached_runner
+from tests.serving import ServerThread, cached_runner, http_stacks
 
 KEY = "sëcret-ключ"  # non-ASCII: sent as UTF-8 bytes
 
@@ -43,9 +43,10 @@ def bare_app(**guard) -> FastAPI:
     return app
 
 
-@pytest.fixture(scope="module")
-def plain():
-    with ServerThread(bare_app(body_timeout_s=0.5)) as s:
+@pytest.fixture(scope="module", params=http_stacks())
+def plain(request):
+    """The bare app under the CLI's listener on each HTTP stack (request ids, 408, 413, 415)."""
+    with ServerThread(bare_app(body_timeout_s=0.5), stack=request.param) as s:
         yield s
 
 
@@ -117,6 +118,32 @@ def test_content_type(plain, content_type, status):
             assert "application/json" in message or "UTF-8" in message
             if not openai:
                 assert body["error_type"] == "UnsupportedMediaType"
+
+
+@pytest.mark.parametrize("encoding, status", [
+    ("gzip", 415), ("deflate", 415), ("br", 415), ("zstd", 415), ("gzip, identity", 415), ("x-anything", 415),
+    ("identity", 200), ("Identity", 200),
+])
+def test_content_encoding_is_not_decoded_but_refused(plain, encoding, status):
+    import gzip
+
+    body = gzip.compress(b'{"inputs": "hello"}')
+    for path, openai in (("/echo", False), ("/v1/echo", True)):
+        r = httpx.post(plain.url + path, content=body if status == 415 else b"{}",
+                       headers={"content-type": "application/json", "content-encoding": encoding})
+        assert r.status_code == status, (encoding, r.text)
+        if status == 415:
+            message = r.json()["error"]["message"] if openai else r.json()["error"]
+            assert "Content-Encoding" in message and "uncompressed" in message
+
+
+def test_gzip_body_on_the_full_server_is_415_not_422(keyed_server):
+    import gzip
+
+    good = {"authorization": b"Bearer " + KEY.encode(), "content-type": "application/json",
+            "content-encoding": "gzip"}
+    r = httpx.post(keyed_server.url + "/embed", content=gzip.compress(b'{"inputs": "x"}'), headers=good)
+    assert r.status_code == 415 and r.json()["error_type"] == "UnsupportedMediaType", r.text
 
 
 def test_form_content_type_message_names_curl(plain):

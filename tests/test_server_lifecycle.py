@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -17,9 +18,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.http.lifecycle import EXIT_WORKER_DEAD
+from server.http.lifecycle import EXIT_WORKER_DEAD, RETRY_AFTER_S
 from tests import fault_server
-from tests.serving import free_port
+from tests.serving import free_port, http_stacks
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -27,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 class Proc:
     """A radixserve process on a free loopback port; ``stop()`` returns (returncode, output)."""
 
-    def __init__(self, model_dir, *flags: str, fault: str = "", env: dict | None = None) -> None:
+    def __init__(self, model_dir, *flags: str, fault: str = "", env: dict | None = None,
+                 open_files: int | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = dict(os.environ, PYTHONPATH=str(ROOT), RADIXSERVE_TEST_FAULT=fault, **(env or {}))
@@ -36,7 +38,9 @@ class Proc:
         entry = "tests.fault_server" if fault else "server.cli"
         cmd = [sys.executable, "-m", entry, "--model-id", str(model_dir), "--hostname", "127.0.0.1",
                "-p", str(self.port), "--max-batch-tokens", "512", *flags]
-        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        limit = None if open_files is None else (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files)))
+        self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                     preexec_fn=limit)
         deadline = time.monotonic() + 90
         while True:
             assert self.proc.poll() is None, self.proc.stdout.read()
@@ -70,9 +74,11 @@ def _post_in_thread(url: str, results: dict, key: str, **kw) -> threading.Thread
     return t
 
 
-def test_sigterm_drains_then_503s_what_is_left_and_exits_in_time(tiny_embedding_dir):
+@pytest.mark.parametrize("stack", http_stacks())
+def test_sigterm_drains_then_503s_what_is_left_and_exits_in_time(tiny_embedding_dir, stack):
     # Each forward takes 1.5 s and holds one item: A finishes inside the drain, B cannot.
     srv = Proc(tiny_embedding_dir, "--graceful-shutdown-timeout", "3", "--max-batch-requests", "1", "--json-output",
+               "--http-stack", stack,
                fault="slow_forward=1.5", env={"RADIX_MLP_THRESHOLD": "1.0", "MAX_CLIENT_BATCH_SIZE": "7"})
     try:
         info = httpx.get(srv.url + "/info").json()  # flags and env vars reach the app
@@ -94,7 +100,8 @@ def test_sigterm_drains_then_503s_what_is_left_and_exits_in_time(tiny_embedding_
     finally:
         if srv.proc.poll() is None:
             srv.proc.kill()
-    assert new.status_code == 503 and new.headers["retry-after"] and new.json()["error_type"] == "Unhealthy"
+    assert new.status_code == 503 and new.headers["retry-after"] == str(RETRY_AFTER_S)
+    assert new.json()["error_type"] == "Unhealthy"
     assert health.status_code == 503
     assert results["a"].status_code == 200 and len(results["a"].json()) == 1, out
     b_resp = results["b"]
@@ -179,6 +186,11 @@ def test_out_of_memory_fails_its_batch_and_the_server_keeps_serving(tiny_embeddi
     assert "OutOfMemoryError: CUDA out of memory" in out
 
 
+def _threads(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        return int(next(line.split()[1] for line in f if line.startswith("Threads:")))
+
+
 def _read_until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, bool]:
     sock.settimeout(timeout)
     data = b""
@@ -192,10 +204,11 @@ def _read_until_closed(sock: socket.socket, timeout: float) -> tuple[bytes, bool
     return data, True
 
 
-def test_read_timeouts_keep_alive_and_tei_listeners(tiny_embedding_dir, tmp_path):
+@pytest.mark.parametrize("stack", http_stacks())
+def test_read_timeouts_keep_alive_and_tei_listeners(tiny_embedding_dir, tmp_path, stack):
     uds = str(tmp_path / "radixserve.sock")
     prom = free_port()
-    srv = Proc(tiny_embedding_dir, "--header-read-timeout", "0.6", "--body-read-timeout", "0.6",
+    srv = Proc(tiny_embedding_dir, "--header-read-timeout", "0.6", "--body-read-timeout", "0.6", "--http-stack", stack,
                "--uds-path", uds, "--prometheus-port", str(prom), "--cors-allow-origin", "https://app.example")
     try:
         # Slowloris: a header line every 0.2 s, never the blank line. Closed after ~0.6 s.
@@ -237,6 +250,23 @@ def test_read_timeouts_keep_alive_and_tei_listeners(tiny_embedding_dir, tmp_path
             assert len(c.post("/embed", json={"inputs": ["over the socket"]}).json()) == 1
         metrics = httpx.get(f"http://127.0.0.1:{prom}/metrics", timeout=5).text
         assert 'te_request_success{method="embed"} 1.0' in metrics  # the embed over the socket
+        # The metrics listener answers /metrics only, and closes half-sent requests at the head
+        # timeout, with no thread per connection.
+        assert httpx.get(f"http://127.0.0.1:{prom}/embed", timeout=5).status_code == 404
+        assert httpx.post(f"http://127.0.0.1:{prom}/metrics", timeout=5).status_code == 405
+        threads = _threads(srv.proc.pid)
+        half = [socket.create_connection(("127.0.0.1", prom)) for _ in range(40)]
+        try:
+            for s in half:
+                s.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+            time.sleep(0.3)
+            assert _threads(srv.proc.pid) < threads + 5  # prometheus_client's server: one thread each
+            t0 = time.monotonic()
+            assert all(_read_until_closed(s, 5.0) == (b"", True) for s in half)
+            assert time.monotonic() - t0 < 4.0
+        finally:
+            for s in half:
+                s.close()
         pre = httpx.options(srv.url + "/embed", headers={"Origin": "https://app.example",
                                                           "Access-Control-Request-Method": "POST"})
         assert pre.status_code == 200 and pre.headers["access-control-allow-origin"] == "https://app.example"
@@ -249,6 +279,38 @@ def test_read_timeouts_keep_alive_and_tei_listeners(tiny_embedding_dir, tmp_path
             srv.proc.kill()
     assert code == 0, out
     assert not os.path.exists(uds)
+    assert f"(HTTP stack: {stack})" in out
+
+
+@pytest.mark.parametrize("stack", http_stacks())
+def test_idle_connection_flood_neither_starves_health_nor_floods_the_log(tiny_embedding_dir, stack):
+    # 2000 idle connections against a server allowed 256 open files (the attack held them open
+    # with the default head timeout of 10 s; here 60 s, so only the connection cap can help).
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 2200:
+        pytest.skip(f"the test process may open only {hard} files")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 2200), hard))
+    srv = Proc(tiny_embedding_dir, "--http-stack", stack, "--header-read-timeout", "60", open_files=256)
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(2000):
+            idle.append(socket.create_connection(("127.0.0.1", srv.port)))
+        time.sleep(1.0)
+        t0 = time.monotonic()
+        health = httpx.get(srv.url + "/health", timeout=30)
+        elapsed = time.monotonic() - t0
+        embed = httpx.post(srv.url + "/embed", json={"inputs": "still serving"}, timeout=30)
+    finally:
+        for sock in idle:
+            sock.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        srv.proc.send_signal(signal.SIGTERM)
+    code, out = srv.wait(timeout=30)
+    assert health.status_code == 200 and elapsed < 2.0, (elapsed, out[-2000:])  # generous: ms when idle
+    assert embed.status_code == 200
+    assert code == 0, out[-2000:]
+    assert out.count("Too many open files") <= 3 and len(out.splitlines()) < 60, out[-4000:]
+    assert "at the cap of 192 open connections" in out
 
 
 def test_fault_injection_is_off_by_default_and_strict():

@@ -26,6 +26,10 @@ Invariants:
   new blocks stay private (pending) until `commit`, after its forward succeeded; `abort` (a failed
   or dropped batch) unpins and frees them, so rows never become reachable half written.
 - The index is locked: the prep thread plans batch N+1 while the worker commits batch N.
+- Namespaces: a sequence planned with a namespace (bytes, e.g. a digest of a request's cache
+  salt) starts its chain at that namespace's root instead of the shared root 0; a first block's
+  key holds its root, and every deeper key its parent's id, so no look-up, full or partial, ever
+  crosses from one namespace into another.
 """
 from __future__ import annotations
 
@@ -51,10 +55,11 @@ class _Block:
     slot: int  # pool rows slot*block .. slot*block + block - 1
     refs: int = 0
     children: int = 0
+    root: int | bytes = 0  # a first block's parent key: 0, or its namespace (bytes, never an id)
 
     @property
-    def key(self) -> tuple[int, bytes]:
-        return (self.parent.id if self.parent is not None else 0, self.tokens)
+    def key(self) -> tuple[int | bytes, bytes]:
+        return (self.parent.id if self.parent is not None else self.root, self.tokens)
 
 
 @dataclass(eq=False)
@@ -87,9 +92,9 @@ class PrefixCache:
         # NOTE: zeros, not empty: the memory is committed now, so a pool too large fails at start.
         self.k = torch.zeros(layers, rows, kv_heads, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros(layers, rows, kv_heads, head_dim, dtype=dtype, device=device)
-        self._index: dict[tuple[int, bytes], _Block] = {}
+        self._index: dict[tuple[int | bytes, bytes], _Block] = {}
         # (parent id, first k tokens) for k in 1..block-1 -> committed blocks starting so, oldest first
-        self._prefixes: dict[tuple[int, bytes], dict[int, _Block]] = {}
+        self._prefixes: dict[tuple[int | bytes, bytes], dict[int, _Block]] = {}
         self._lru: collections.OrderedDict[int, _Block] = collections.OrderedDict()  # oldest first
         self._free = list(range(self.n_slots - 1, -1, -1))
         self._ids = itertools.count(1)  # 0 is the root
@@ -112,8 +117,11 @@ class PrefixCache:
                     "capacity_bytes": self.capacity_bytes, "blocks": len(self._index)}
 
     # -- planning (prep thread) -----------------------------------------------------------------
-    def plan(self, input_ids: np.ndarray, cu_seqlens: np.ndarray) -> Lease:
-        """Look up every sequence's cached prefix (pinning it) and choose the blocks to write."""
+    def plan(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, namespaces=None) -> Lease:
+        """Look up every sequence's cached prefix (pinning it) and choose the blocks to write.
+
+        namespaces: None, or [B] bytes, each sequence's namespace (b"": the shared one).
+        """
         ids = np.ascontiguousarray(np.asarray(input_ids), dtype=np.int32)
         cu = np.asarray(cu_seqlens, dtype=np.int64)
         blk = self.block
@@ -122,7 +130,7 @@ class PrefixCache:
         starts: list[int] = []  # original row of each pending block's first token, in lease.pending order
         empty = np.zeros(0, np.int64)
         lease = Lease(matched, empty, empty, empty, empty)
-        pending: dict[tuple[int, bytes], _Block] = {}
+        pending: dict[tuple[int | bytes, bytes], _Block] = {}
         offsets = np.arange(blk, dtype=np.int64)
         with self._lock:
             for s in range(len(cu) - 1):
@@ -130,18 +138,19 @@ class PrefixCache:
                 n_full = (int(cu[s + 1]) - a) // blk
                 raw = ids[a:a + n_full * blk].tobytes()
                 width = 4 * blk
+                root: int | bytes = (namespaces[s] or 0) if namespaces is not None else 0
                 parent: _Block | None = None
                 chain: list[_Block] = []
                 j = 0
                 while j < n_full:
-                    found = self._index.get((parent.id if parent else 0, raw[j * width:(j + 1) * width]))
+                    found = self._index.get((parent.id if parent else root, raw[j * width:(j + 1) * width]))
                     if found is None:
                         break
                     chain.append(found)
                     parent, j = found, j + 1
                 # the last token is always computed, so a partial match needs at most n-1 tokens
                 k_max = min(blk - 1, int(cu[s + 1]) - 1 - (a + j * blk))
-                part, k = self._partial(parent, ids[a + j * blk:a + j * blk + max(k_max, 0)])
+                part, k = self._partial(parent, ids[a + j * blk:a + j * blk + max(k_max, 0)], root)
                 pins = chain + [part] if part is not None else chain
                 for b in pins:
                     b.refs += 1
@@ -155,19 +164,19 @@ class PrefixCache:
                     reads.append(part.slot * blk + offsets[:k])
                 chained = True  # every complete block is cached or written (a tail may follow)
                 for jj in range(j, n_full):
-                    key = (parent.id if parent else 0, raw[jj * width:(jj + 1) * width])
+                    key = (parent.id if parent else root, raw[jj * width:(jj + 1) * width])
                     mine = pending.get(key)
                     if mine is None:
-                        mine = self._new(parent, key[1], jj, a + jj * blk, pending, lease, starts)
+                        mine = self._new(parent, key[1], jj, a + jj * blk, pending, lease, starts, root)
                         if mine is None:
                             chained = False  # pool full of pinned or inner blocks: write nothing deeper
                             break
                     parent = mine
                 tail = int(cu[s + 1]) - (a + n_full * blk)
                 if chained and tail:
-                    key = (parent.id if parent else 0, ids[a + n_full * blk:int(cu[s + 1])].tobytes())
+                    key = (parent.id if parent else root, ids[a + n_full * blk:int(cu[s + 1])].tobytes())
                     if key not in self._prefixes and key not in pending:  # not cached, not being written
-                        self._new(parent, key[1], n_full, a + n_full * blk, pending, lease, starts)
+                        self._new(parent, key[1], n_full, a + n_full * blk, pending, lease, starts, root)
         if reads:
             lease.read_rows = np.concatenate(reads)
         lease.write_starts = np.asarray(starts, dtype=np.int64)
@@ -176,21 +185,23 @@ class PrefixCache:
         return lease
 
     def _new(self, parent, tokens: bytes, depth: int, start: int, pending: dict,
-             lease: Lease, starts: list) -> _Block | None:
+             lease: Lease, starts: list, root: int | bytes = 0) -> _Block | None:
         """A pending block of this lease (its tokens' rows from original row `start`); None if no slot."""
         slot = self._allocate()
         if slot is None:
             return None
-        b = _Block(next(self._ids), parent, tokens, depth, slot)
+        b = _Block(next(self._ids), parent, tokens, depth, slot, root=root if parent is None else 0)
         pending[b.key] = b
         lease.pending.append(b)
         starts.append(start)
         return b
 
-    def _partial(self, parent: _Block | None, tail: np.ndarray) -> tuple[_Block | None, int]:
-        """The committed child of `parent` sharing the longest run of leading tokens with `tail`
-        (len(tail) < block), and that length; (None, 0) when none shares the first token."""
-        pid, raw = (parent.id if parent else 0), tail.tobytes()
+    def _partial(self, parent: _Block | None, tail: np.ndarray,
+                 root: int | bytes = 0) -> tuple[_Block | None, int]:
+        """The committed child of `parent` (or first block of namespace `root`) sharing the longest
+        run of leading tokens with `tail` (len(tail) < block), and that length; (None, 0) when none
+        shares the first token."""
+        pid, raw = (parent.id if parent else root), tail.tobytes()
         lo, hi = 0, len(tail)  # a child starts with tail[:lo]; none starts with tail[:hi+1]
         while lo < hi:  # prefixes present are closed under shortening: binary search
             mid = (lo + hi + 1) // 2
@@ -206,7 +217,7 @@ class PrefixCache:
     def _publish(self, b: _Block) -> None:
         self._index[b.key] = b
         self._lru[b.id] = b
-        pid = b.parent.id if b.parent is not None else 0
+        pid = b.key[0]
         for k in self._prefix_lengths(b):
             self._prefixes.setdefault((pid, b.tokens[:4 * k]), {})[b.id] = b
         if b.parent is not None:
@@ -229,7 +240,7 @@ class PrefixCache:
     def _drop(self, b: _Block) -> None:
         del self._index[b.key]
         del self._lru[b.id]
-        pid = b.parent.id if b.parent is not None else 0
+        pid = b.key[0]
         for k in self._prefix_lengths(b):
             key = (pid, b.tokens[:4 * k])
             holders = self._prefixes[key]

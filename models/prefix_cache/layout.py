@@ -53,13 +53,14 @@ class CachePlan:
 
 
 def plan_batch(cache: PrefixCache, ids: np.ndarray, cu: np.ndarray, index: RadixIndex,
-               device: torch.device) -> CachePlan:
+               device: torch.device, namespaces=None) -> CachePlan:
     """Look the batch up (pinning what it reads) and lay out its pool reads and writes.
 
     ids [N] int64, cu [B+1] int64 (checked by the caller); index: the batch's trie, or
-    `identity_index` (one node per token) when the trie gate left it out.
+    `identity_index` (one node per token) when the trie gate left it out; namespaces: None or
+    [B] bytes (`PrefixCache.plan`), and then the trie must not share nodes across namespaces.
     """
-    lease = cache.plan(ids, cu)
+    lease = cache.plan(ids, cu, namespaces)
     try:
         return _layout(cache, lease, cu, index, device)
     except BaseException:

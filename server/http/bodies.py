@@ -24,6 +24,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 from pydantic_core import from_json
 
+from server.http import cache_salt
 from server.http.errors import ApiError, describe_errors
 
 M = TypeVar("M", bound=BaseModel)
@@ -111,11 +112,15 @@ def parse_bytes(raw: bytes, model: type[M], *, max_items: int, pick: Callable[[d
 async def parse_body(
     request: Request, model: type[M], *, max_items: int, pick: Callable[[dict], type[M]] | None = None
 ) -> M:
-    """The validated body of ``request`` (off the loop when large)."""
+    """The validated body of ``request`` (off the loop when large); its ``cache_salt``, when the
+    model has the field, is remembered for the request (server/http/cache_salt.py)."""
     raw = await request.body()
     if len(raw) <= INLINE_BYTES:
-        return parse_bytes(raw, model, max_items=max_items, pick=pick)
-    return await asyncio.to_thread(parse_bytes, raw, model, max_items=max_items, pick=pick)
+        body = parse_bytes(raw, model, max_items=max_items, pick=pick)
+    else:
+        body = await asyncio.to_thread(parse_bytes, raw, model, max_items=max_items, pick=pick)
+    cache_salt.remember(request, getattr(body, "cache_salt", None))
+    return body
 
 
 def openapi_body(*models: type[BaseModel]) -> dict:

@@ -4,7 +4,8 @@
 request it: assigns the request id (``x-request-id`` on every response); requires the API key on
 every request that can do work (any method but GET/HEAD/OPTIONS, so routes added later are
 covered by default; the GET routes only describe the server: /info, /health, /ping, /metrics,
-/docs, /openapi.json, /v1/models); refuses a non-JSON Content-Type (415); and reads the body,
+/docs, /openapi.json, /v1/models); refuses a non-JSON Content-Type or any Content-Encoding but
+identity (415); and reads the body,
 refusing one over the payload limit (413, judged from Content-Length and again while reading, so
 a chunked body cannot slip past) or one that does not arrive within ``body_timeout_s`` of the
 headers (408).
@@ -59,16 +60,33 @@ def json_content_type(value: bytes | None) -> str | None:
     return None
 
 
+def content_encoding(value: bytes | None) -> str | None:
+    """None when the body is not encoded (no Content-Encoding, or ``identity``), else the reason.
+
+    Bodies are never decompressed: a compressed body would be judged against the payload limit
+    by its compressed size, and a few KB of gzip can inflate to gigabytes.
+    """
+    if value is None:
+        return None
+    codings = [c.strip().lower() for c in value.decode("latin-1").split(",") if c.strip()]
+    if all(c == "identity" for c in codings):
+        return None
+    return (f"unsupported Content-Encoding {value.decode('latin-1').strip()!r}: send the body uncompressed "
+            "(the server does not decode request bodies)")
+
+
 class FrontDoor:
-    """ASGI middleware: request id, API key (401), Content-Type (415), payload limit (413) and
-    body read timeout (408), each error in its route's dialect."""
+    """ASGI middleware: request id, API key (401), Content-Type and -Encoding (415), payload limit
+    (413) and body read timeout (408), each error in its route's dialect. With
+    ``compute_tokens_header=False`` it leaves ``x-compute-tokens`` out of every response."""
 
     def __init__(
-        self, app, *, payload_limit: int, api_key: str | None, body_timeout_s: float = 30.0, on_error=None
+        self, app, *, payload_limit: int, api_key: str | None, body_timeout_s: float = 30.0, on_error=None,
+        compute_tokens_header: bool = True,
     ) -> None:
         self.app = app
-        self.body_timeout_s = body_timeout_s
         self.payload_limit = payload_limit
+        self.dropped = frozenset() if compute_tokens_header else frozenset({b"x-compute-tokens"})
         self.key_digest = hashlib.sha256(api_key.encode("utf-8")).digest() if api_key is not None else None
         self.body_timeout_s = body_timeout_s
         self.on_error = on_error
@@ -81,7 +99,8 @@ class FrontDoor:
 
         async def send_with_id(message) -> None:
             if message["type"] == "http.response.start":
-                headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"x-request-id"]
+                headers = [(k, v) for k, v in message.get("headers", ())
+                           if k.lower() != b"x-request-id" and k.lower() not in self.dropped]
                 message = {**message, "headers": [*headers, (b"x-request-id", rid)]}
             await send(message)
 
@@ -98,7 +117,7 @@ class FrontDoor:
         if method not in BODY_METHODS:
             await self.app(scope, receive, send)
             return
-        problem = json_content_type(headers.get(b"content-type"))
+        problem = json_content_type(headers.get(b"content-type")) or content_encoding(headers.get(b"content-encoding"))
         if problem is not None:
             await self._reject(send, "media_type", problem, path, close=True)
             return

@@ -1,115 +1,117 @@
-"""The HTTP listener: uvicorn with a request-head timeout, our signal handling and our sockets.
+"""The HTTP listener: uvicorn on our protocol and loop, our signal handling and our sockets.
 
-- ``HeadTimeoutH11``: turns Nagle's algorithm off on every TCP connection (see ``no_delay``), and
-  adds a request-head timeout: uvicorn has no header timeout (its keep-alive timer is reset by every byte,
-  so a client that dribbles a header forever holds a connection and a file descriptor forever).
-  This protocol closes a connection whose request head is not complete ``header_timeout_s`` after
-  the connection opened or after the previous response on it finished. The timer stops when the
-  head is complete (uvicorn then creates a new request cycle); keep-alive is unaffected.
+- The HTTP stack (``--http-stack``): ``httptools`` (the C parser, on uvloop) or ``h11`` (pure
+  Python, on asyncio's loop); ``auto`` takes httptools when it and uvloop are installed. Either
+  way the protocol is ours (server/http/connections.py): request-head timeout, Nagle off, the
+  connection cap, identical on both stacks.
 - ``DrainingServer``: the first SIGTERM/SIGINT starts the Lifecycle drain instead of uvicorn's own
   shutdown, a second one forces the exit, and the signal is not re-raised afterwards (the process
-  exits with the Lifecycle's status).
+  exits with the Lifecycle's status). It also starts and stops its side servers (the metrics
+  listener, server/http/metrics_listener.py) on the same event loop, and logs accept() failures
+  once per interval.
 - ``bind_sockets``: TCP on --hostname/--port, plus --uds-path when given.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
 import signal
 import socket
 import stat
 import threading
+from typing import Sequence
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from server.http.connections import (Connections, HeadTimeoutH11, RateLimitedLog, connection_limit,
+                                     httptools_protocol, paced)
 from server.http.lifecycle import Lifecycle
 
 log = logging.getLogger("radixserve.server")
 
 
-class HeadTimeoutH11(H11Protocol):
-    """H11Protocol that closes connections whose request head takes too long to arrive."""
+STACKS = ("auto", "httptools", "h11")
 
-    header_timeout_s: float = 10.0
 
-    def connection_made(self, transport) -> None:
-        no_delay(transport)
-        super().connection_made(transport)
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._arm()
+def resolve_stack(stack: str) -> str:
+    """``auto``: httptools (on uvloop) when both are installed, else h11 on asyncio's loop."""
+    if stack not in STACKS:
+        raise ValueError(f"unknown HTTP stack {stack!r}; one of {', '.join(STACKS)}")
+    if stack != "auto":
+        return stack
+    try:
+        import httptools  # noqa: F401
+        import uvloop  # noqa: F401
+    except ImportError:
+        return "h11"
+    return "httptools"
 
-    def data_received(self, data: bytes) -> None:
-        super().data_received(data)
-        self._check_head()
 
-    def on_response_complete(self) -> None:
-        self._arm()  # NOTE: before super(): it may start a pipelined request at once
-        super().on_response_complete()
-        self._check_head()
+def protocol_class(header_timeout_s: float, *, stack: str = "auto", max_connections: int | None = None) -> type:
+    """The HTTP protocol of ``stack`` with our head timeout, and a connection cap of its own."""
+    base = HeadTimeoutH11 if resolve_stack(stack) == "h11" else httptools_protocol()
+    book = Connections(connection_limit(max_connections))
+    return type(base.__name__, (base,), {"header_timeout_s": header_timeout_s, "connections_book": book})
 
-    def connection_lost(self, exc) -> None:
-        self._disarm()
-        super().connection_lost(exc)
 
-    def _arm(self) -> None:
-        self._disarm()
-        if not self.transport.is_closing():
-            self._armed_cycle = self.cycle  # a new cycle object = a complete new request head
-            self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
+def uvicorn_config(app, *, stack: str, header_timeout_s: float, max_connections: int | None = None,
+                   **kw) -> uvicorn.Config:
+    """uvicorn.Config on our protocol and the stack's event loop (uvloop with httptools, asyncio
+    with h11); ``kw``: uvicorn's other settings."""
+    http = protocol_class(header_timeout_s, stack=stack, max_connections=max_connections)
+    loop = "uvloop" if resolve_stack(stack) == "httptools" else "asyncio"
+    return uvicorn.Config(app, http=http, loop=loop, **kw)
 
-    def _disarm(self) -> None:
-        timer = getattr(self, "_head_timer", None)  # None too before connection_made
-        if timer is not None:
-            timer.cancel()
-            self._head_timer = None
 
-    def _check_head(self) -> None:
-        if self._head_timer is not None and self.cycle is not self._armed_cycle:
-            self._disarm()
+def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
+    """Log accept() failures (EMFILE, ENFILE, ENOBUFS) once per interval, not a traceback each."""
+    default = loop.get_exception_handler()
+    limited = RateLimitedLog()
 
-    def _head_timeout(self) -> None:
-        self._head_timer = None
-        if self.cycle is not self._armed_cycle or self.transport.is_closing():
+    def handler(loop, context) -> None:
+        exc = context.get("exception")
+        if isinstance(exc, OSError) and exc.errno in _ACCEPT_ERRNOS and "accept" in context.get("message", ""):
+            limited(logging.ERROR, "accepting connections failed: %s", exc.strerror)
             return
-        log.info("closing a connection from %s: no complete request head within %.1f s",
-                 self.client, self.header_timeout_s)
-        self.transport.close()
+        if default is not None:
+            default(loop, context)
+        else:
+            loop.default_exception_handler(context)
+
+    loop.set_exception_handler(handler)
 
 
-def no_delay(transport) -> None:
-    """Set TCP_NODELAY on a TCP connection's socket.
-
-    uvicorn writes a response's head and its body in two writes. asyncio turns Nagle off only on
-    sockets whose ``proto`` is IPPROTO_TCP; ``socket.create_server`` (``bind_sockets``) makes them
-    with proto 0, and so are the connections accepted from it. With Nagle on, the body of every
-    response after the first on a keep-alive connection waits for the client's delayed ACK of the
-    head: about 40 ms per request on Linux, more than a small forward takes.
-    """
-    sock = transport.get_extra_info("socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        with contextlib.suppress(OSError):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-
-def protocol_class(header_timeout_s: float) -> type[HeadTimeoutH11]:
-    return type("HeadTimeoutH11", (HeadTimeoutH11,), {"header_timeout_s": header_timeout_s})
-
+_ACCEPT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 
 class DrainingServer(uvicorn.Server):
     """uvicorn.Server whose signals drive ``lifecycle`` (drain, then stop)."""
 
-    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle) -> None:
+    def __init__(self, config: uvicorn.Config, lifecycle: Lifecycle, *,
+                 side: Sequence[tuple[uvicorn.Server, list[socket.socket]]] = ()) -> None:
         super().__init__(config)
         self.lifecycle = lifecycle
         lifecycle.on_stop = self._stop
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.side = list(side)  # (server, its sockets): started after this one, stopped with it
 
     async def startup(self, sockets=None) -> None:
         self._loop = asyncio.get_running_loop()
+        quiet_accept_errors(self._loop)
         await super().startup(sockets=sockets)
+        for server, socks in self.side:
+            if not server.config.loaded:
+                server.config.load()
+            server.lifespan = server.config.lifespan_class(server.config)
+            await server.startup(sockets=socks)
+
+    async def shutdown(self, sockets=None) -> None:
+        for server, _ in self.side:
+            server.force_exit = True  # its requests are short: no grace to wait for
+            await server.shutdown()
+        await super().shutdown(sockets=sockets)
 
     def _stop(self) -> None:
         self.should_exit = True
@@ -138,7 +140,8 @@ class DrainingServer(uvicorn.Server):
 
 
 def bind_sockets(*, hostname: str, port: int, uds_path: str | None) -> list[socket.socket]:
-    """Listening sockets: TCP (IPv6 when the address has a colon), and the unix socket if asked."""
+    """Listening sockets: TCP (IPv6 when the address has a colon), and the unix socket if asked;
+    each accepts a few connections per loop iteration (``PacedListener``)."""
     family = socket.AF_INET6 if ":" in hostname else socket.AF_INET
     tcp = socket.create_server((hostname, port), family=family, backlog=2048)
     sockets = [tcp]
@@ -152,12 +155,16 @@ def bind_sockets(*, hostname: str, port: int, uds_path: str | None) -> list[sock
         uds.bind(uds_path)
         uds.listen(2048)
         sockets.append(uds)
-    return sockets
+    return paced(sockets)
 
 
-def start_prometheus(port: int, *, hostname: str, registry) -> None:
-    """TEI's --prometheus-port: the same registry on its own listener (a daemon thread)."""
-    from prometheus_client import start_http_server
+def metrics_server(registry, *, sock: socket.socket, stack: str, header_timeout_s: float,
+                   max_connections: int | None = None, on_scrape=None) -> tuple[uvicorn.Server, list[socket.socket]]:
+    """The --prometheus-port listener: /metrics only, on the API's stack and protocol (a side
+    server of ``DrainingServer``, on the same event loop)."""
+    from server.http.metrics_listener import metrics_app
 
-    start_http_server(port, addr=hostname, registry=registry)
-    log.info("metrics also served on %s:%d", hostname, port)
+    config = uvicorn_config(metrics_app(registry, on_scrape=on_scrape), stack=stack, header_timeout_s=header_timeout_s,
+                            max_connections=max_connections, log_config=None, lifespan="off",
+                            access_log=False)
+    return uvicorn.Server(config), [sock]

@@ -29,6 +29,15 @@ class _Body(BaseModel):
         return len(value) if isinstance(value, list) else 1
 
 
+class _Inference(_Body):
+    """A body that runs the model: it may name a prefix-cache namespace."""
+
+    cache_salt: StrictStr | None = Field(
+        None, min_length=1, max_length=1024,
+        description="prefix-cache namespace (as vLLM's cache_salt): cached prefixes are shared only between "
+                    "requests with the same salt; none: the shared namespace")
+
+
 def _direction(value: str) -> str:
     low = value.lower()
     if low not in ("right", "left"):
@@ -91,7 +100,7 @@ OpenAIInput = Annotated[
 
 
 # -- TEI ---------------------------------------------------------------------------------------
-class EmbedRequest(_Body):
+class EmbedRequest(_Inference):
     inputs: Union[StrictStr, list[StrictStr]]
     truncate: StrictBool | None = Field(None, description="default: the server's --auto-truncate")
     truncation_direction: Direction = Field("right", description="Right or Left (any case)")
@@ -100,7 +109,7 @@ class EmbedRequest(_Body):
     dimensions: StrictInt | None = Field(None, ge=1, description="Matryoshka: keep the first n dims")
 
 
-class RerankRequest(_Body):
+class RerankRequest(_Inference):
     inputs_field: ClassVar[str] = "texts"
     inputs_name: ClassVar[str] = "texts"
 
@@ -156,7 +165,7 @@ class Info(BaseModel):
 
 
 # -- OpenAI ------------------------------------------------------------------------------------
-class OpenAIEmbeddingRequest(_Body):
+class OpenAIEmbeddingRequest(_Inference):
     inputs_field: ClassVar[str] = "input"
 
     input: OpenAIInput
@@ -194,7 +203,7 @@ class Document(_Body):
     text: StrictStr
 
 
-class CohereRerankRequest(_Body):
+class CohereRerankRequest(_Inference):
     inputs_field: ClassVar[str] = "documents"
     inputs_name: ClassVar[str] = "documents"
 

@@ -13,7 +13,7 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, Discriminator, Field, StrictBool, StrictInt, StrictStr, Tag
 
-from server.routes.schemas import Direction, Document, Info, OpenAIUsage, TokenIds, _Body
+from server.routes.schemas import Direction, Document, Info, OpenAIUsage, TokenIds, _Body, _Inference
 
 
 # -- TEI ---------------------------------------------------------------------------------------
@@ -28,7 +28,7 @@ class SimilarityParameters(_Body):
     prompt_name: StrictStr | None = None
 
 
-class SimilarityRequest(_Body):
+class SimilarityRequest(_Inference):
     inputs_name: ClassVar[str] = "sentences"
 
     inputs: SimilarityInput
@@ -42,7 +42,7 @@ class SimilarityRequest(_Body):
         return 1 + len(sentences) if isinstance(sentences, list) else 1
 
 
-class EmbedAllRequest(_Body):
+class EmbedAllRequest(_Inference):
     inputs: Union[StrictStr, list[StrictStr]]
     truncate: StrictBool | None = Field(None, description="default: the server's --auto-truncate")
     truncation_direction: Direction = "right"
@@ -81,7 +81,7 @@ class DecodeRequest(_Body):
 CohereInputType = Literal["search_query", "search_document", "classification", "clustering", "image"]
 
 
-class CohereEmbedRequest(_Body):
+class CohereEmbedRequest(_Inference):
     inputs_field: ClassVar[str] = "texts"
     inputs_name: ClassVar[str] = "texts"
 
@@ -97,7 +97,7 @@ class CohereEmbedRequest(_Body):
     truncate: Literal["NONE", "START", "END"] | None = Field(None, description="NONE refuses long inputs")
 
 
-class CohereV2RerankRequest(_Body):
+class CohereV2RerankRequest(_Inference):
     inputs_field: ClassVar[str] = "documents"
     inputs_name: ClassVar[str] = "documents"
 
@@ -107,7 +107,7 @@ class CohereV2RerankRequest(_Body):
     top_n: StrictInt | None = Field(None, ge=1)
 
 
-class DocumentsRerankRequest(_Body):
+class DocumentsRerankRequest(_Inference):
     """/rerank in the Cohere/Jina/Infinity/vLLM shape (``documents`` rather than TEI's ``texts``).
     ``return_documents`` unset answers the documents, as vLLM always does; false leaves them out."""
 
@@ -137,7 +137,7 @@ class DocumentsRerankResponse(BaseModel):
     usage: OpenAIUsage
 
 
-class InfinityRerankRequest(_Body):
+class InfinityRerankRequest(_Inference):
     inputs_field: ClassVar[str] = "documents"
     inputs_name: ClassVar[str] = "documents"
 

@@ -23,6 +23,7 @@ from starlette.requests import Request
 from models import prompts
 from scheduler import BatchFailed, SubmitResult, WorkerDead
 from scheduler.metrics import Metrics
+from server.http import cache_salt
 from server.http.errors import ApiError, ClientGone, internal_message
 from server.http.request_id import request_id
 from server.service.contract import ServedRunner, ServedScheduler
@@ -239,7 +240,8 @@ class Service:
         """Await the scheduler; cancel the entries when the client goes away first."""
         rid = request_id(request)
         work = asyncio.ensure_future(
-            self.scheduler.submit([list(i) for i in items], request_id=rid, all_tokens=all_tokens))
+            self.scheduler.submit([list(i) for i in items], request_id=rid, all_tokens=all_tokens,
+                                  namespace=cache_salt.namespace(request)))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)

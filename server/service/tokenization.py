@@ -3,8 +3,9 @@
 Every encode of a request runs as one ``encode_batch`` call in the executor, so the event loop
 never blocks on the tokenizer (HF tokenizers releases the GIL inside its Rust batch encode).
 Prompt and truncation failures surface as ApiError (422) in the route's dialect. /tokenize's
-answer is bounded: at most ``max_display_tokens`` tokens per request, counted before any token
-object is built, and rendered to JSON bytes in the executor too.
+answer is bounded: at most ``max_display_tokens`` tokens per request, counted on prefixes of the
+inputs (work in proportion to the cap, ``count_capped``) before the full encode and any token
+object, and rendered to JSON bytes in the executor too.
 """
 from __future__ import annotations
 
@@ -101,13 +102,15 @@ class Tokenization:
 
         def render() -> bytes:
             full = [prompt + t for t in texts]
-            encs = self.tokenizer.encode_batch(full, add_special_tokens=add_special_tokens)
-            total = sum(len(e.ids) for e in encs)
+            total, exact = count_capped(self.tokenizer, full, self.max_display_tokens,
+                                        add_special_tokens=add_special_tokens)
             if total > self.max_display_tokens:
+                held = f"{total} tokens" if exact else f"at least {total} tokens"
                 raise TooManyTokens(
-                    f"the inputs hold {total} tokens together, more than /tokenize returns per request "
+                    f"the inputs hold {held} together, more than /tokenize returns per request "
                     f"({self.max_display_tokens}); send fewer or shorter inputs"
                 )
+            encs = self.tokenizer.encode_batch(full, add_special_tokens=add_special_tokens)
             out = []
             for text, enc in zip(full, encs):
                 tokens = []
@@ -119,6 +122,36 @@ class Tokenization:
             return json.dumps(out, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
         return await self._off_loop(render)
+
+
+# Tokens by which a prefix of a text may out-count the whole text (BPE merges across the cut).
+PREFIX_SLACK = 16
+
+
+def count_capped(tokenizer, texts: Sequence[str], cap: int, *, add_special_tokens: bool) -> tuple[int, bool]:
+    """(count, exact): the texts' total token count when it is at most ``cap`` (exact); else a
+    count above ``cap``, exact or a lower bound.
+
+    The work is bounded by the cap, not by the input: each text is encoded on prefixes that double
+    from 2 x (cap + slack) characters until the text ends or a prefix alone settles that the
+    request is over the cap (a prefix's count, less ``PREFIX_SLACK``, bounds the whole text's from
+    below). So a 2 MB text of digits costs one encode of ~33k characters, not 2M tokens.
+    """
+    total = 0
+    for text in texts:
+        size = 2 * (cap + PREFIX_SLACK)
+        while True:
+            piece = text[:size]
+            n = len(tokenizer.encode(piece, add_special_tokens=add_special_tokens).ids)
+            if len(piece) == len(text):
+                total += n
+                break
+            if total + n - PREFIX_SLACK > cap:
+                return total + n - PREFIX_SLACK, False
+            size *= 2
+        if total > cap:
+            return total, True
+    return total, True
 
 
 class TooManyTokens(ValueError):

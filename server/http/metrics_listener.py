@@ -1,0 +1,42 @@
+"""The --prometheus-port listener's app: ``GET /metrics`` and nothing else.
+
+A raw ASGI app served by a second uvicorn server on the API's event loop and HTTP protocol
+(server/http/listener.py ``metrics_server``), so it has the API's request-head timeout and
+connection cap and holds no thread per connection. It reads no request body: a request with one
+gets its answer at once, and the connection is then held only until the head timeout.
+Invariant: every answer is bounded and small (404 for any other path, 405 for any other method).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+
+def metrics_app(registry, *, on_scrape: Callable[[], None] | None = None):
+    """ASGI app rendering ``registry`` on GET/HEAD /metrics (``on_scrape`` runs first)."""
+
+    async def app(scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return
+        method = scope.get("method", "GET")
+        if scope.get("path") != "/metrics":
+            await _plain(send, 404, b"not found: this listener serves GET /metrics only\n")
+        elif method not in ("GET", "HEAD"):
+            await _plain(send, 405, b"method not allowed: GET /metrics\n", extra=[(b"allow", b"GET, HEAD")])
+        else:
+            if on_scrape is not None:
+                on_scrape()
+            body = generate_latest(registry)
+            await _plain(send, 200, b"" if method == "HEAD" else body, content_type=CONTENT_TYPE_LATEST.encode(),
+                         length=len(body))
+
+    return app
+
+
+async def _plain(send, status: int, body: bytes, *, content_type: bytes = b"text/plain; charset=utf-8",
+                 extra: list | None = None, length: int | None = None) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body) if length is None else length).encode()),
+               *(extra or [])]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
