@@ -8,6 +8,8 @@ The in-batch trie must not merge items of different namespaces either.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import httpx
 import numpy as np
 import pytest
@@ -82,7 +84,8 @@ def test_cache_salt_is_validated_on_every_inference_dialect(srv):
 
 
 def test_one_batch_shares_trie_nodes_only_within_a_namespace(tiny_embedding_dir):
-    runner = cached_runner(str(tiny_embedding_dir))
+    # threshold 1: the trie always runs, whatever the cost-aware gate would say of a tiny model
+    runner = dataclasses.replace(cached_runner(str(tiny_embedding_dir)), radix_mlp_threshold=1.0)
     tok = runner.tokenizer
     rng = np.random.default_rng(0)
     shared = [int(t) for t in rng.integers(1000, 20000, size=40)]  # no earlier cache entry starts so
