@@ -15,13 +15,10 @@ request may hold at most as many tokens as one /tokenize answer (max_batch_token
 """
 from __future__ import annotations
 
-import asyncio
-import json
 import time
 from typing import Union, cast
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 
 from models import prompts
 from server.http.bodies import openapi_body, parse_body
@@ -29,9 +26,11 @@ from server.http.errors import ApiError
 from server.routes.schemas import EmbedRequest, Rank, RerankRequest, SimpleToken, TokenizeRequest
 from server.routes.schemas_compat import DecodeRequest, EmbedAllRequest, SimilarityRequest
 from server.service.core import Call, Service
+from server.service.encoding import dumps, float_array, json_answer, ragged_array, render
 from server.service.results import ranked
 
 DISPATCHED = ("/", "/invocations")
+RECORD_VALUES = 16  # rendering weight of one answer record (a dict, maybe a text) in float values
 
 
 def embedding_body(data: dict) -> type[EmbedRequest | SimilarityRequest]:
@@ -58,7 +57,7 @@ class TeiRoutes:
         self.max_items = service.limits.max_client_batch_size
 
     # -- answers shared by a route and the dispatch ----------------------------------------------
-    async def answer_embed(self, request: Request, body: EmbedRequest, call: Call) -> JSONResponse:
+    async def answer_embed(self, request: Request, body: EmbedRequest, call: Call) -> Response:
         service = self.service
         texts = texts_of(body.inputs)
         service.check_inputs(len(texts), empty=any(t == "" for t in texts))
@@ -68,9 +67,10 @@ class TeiRoutes:
             request, call, texts, prompt=prompt, truncate=service.truncate(body.truncate),
             direction=body.truncation_direction, dimensions=body.dimensions, normalize=body.normalize,
         )
-        return JSONResponse(result.vectors.tolist(), headers=result.usage.headers())
+        vectors = result.vectors
+        return json_answer(await render(lambda: float_array(vectors), weight=vectors.size), result.usage.headers())
 
-    async def answer_rerank(self, request: Request, body: RerankRequest, call: Call) -> JSONResponse:
+    async def answer_rerank(self, request: Request, body: RerankRequest, call: Call) -> Response:
         service = self.service
         service.check_inputs(len(body.texts), empty=body.query == "", what="texts")
         result = await service.rerank(
@@ -78,16 +78,20 @@ class TeiRoutes:
             direction=body.truncation_direction,
             instruction=body.instruction if body.instruction is not None else prompts.DEFAULT_INSTRUCTION,
         )
-        scores = result.raw if body.raw_scores else result.relevance()
-        out = []
-        for i in ranked(scores):
-            item: dict = {"index": i, "score": scores[i]}
-            if body.return_text:
-                item["text"] = body.texts[i]
-            out.append(item)
-        return JSONResponse(out, headers=result.usage.headers())
 
-    async def answer_similarity(self, request: Request, body: SimilarityRequest, call: Call) -> JSONResponse:
+        def build() -> bytes:
+            scores = result.raw if body.raw_scores else result.relevance()
+            out = []
+            for i in ranked(scores):
+                item: dict = {"index": i, "score": scores[i]}
+                if body.return_text:
+                    item["text"] = body.texts[i]
+                out.append(item)
+            return dumps(out)
+
+        return json_answer(await render(build, weight=RECORD_VALUES * len(body.texts)), result.usage.headers())
+
+    async def answer_similarity(self, request: Request, body: SimilarityRequest, call: Call) -> Response:
         service = self.service
         params = body.parameters
         texts = [body.inputs.source_sentence, *body.inputs.sentences]
@@ -99,24 +103,25 @@ class TeiRoutes:
             request, call, texts, prompt=prompt, truncate=service.truncate(params.truncate if params else None),
             direction=params.truncation_direction if params else "right",
         )
-        return JSONResponse(result.values, headers=result.usage.headers())
+        values = result.values
+        return json_answer(await render(lambda: dumps(values), weight=len(values)), result.usage.headers())
 
     # -- routes ---------------------------------------------------------------------------------
-    async def embed(self, request: Request) -> JSONResponse:
+    async def embed(self, request: Request) -> Response:
         """TEI embeddings: inputs str or [str] -> [[float]]."""
         call = self.service.begin("embed")
         self.service.require("embedding", "/embed")
         body = await parse_body(request, EmbedRequest, max_items=self.max_items)
         return await self.answer_embed(request, body, call)
 
-    async def rerank(self, request: Request) -> JSONResponse:
+    async def rerank(self, request: Request) -> Response:
         """TEI rerank: query + texts -> [{index, score, text?}] by score, descending."""
         call = self.service.begin("rerank")
         self.service.require("reranker", "/rerank")
         body = await parse_body(request, RerankRequest, max_items=self.max_items)
         return await self.answer_rerank(request, body, call)
 
-    async def similarity(self, request: Request) -> JSONResponse:
+    async def similarity(self, request: Request) -> Response:
         """Cosine similarity of source_sentence with each of sentences, from our embeddings."""
         call = self.service.begin("similarity")
         self.service.require("embedding", "/similarity")
@@ -153,9 +158,9 @@ class TeiRoutes:
             request, call, texts, prompt=prompt, truncate=service.truncate(body.truncate),
             direction=body.truncation_direction,
         )
-        # NOTE: L*E floats per input: render the JSON off the event loop.
-        content = await asyncio.to_thread(lambda: json.dumps([s.tolist() for s in result.states]).encode())
-        return Response(content, media_type="application/json", headers=result.usage.headers())
+        states = result.states
+        return json_answer(await render(lambda: ragged_array(states), weight=sum(s.size for s in states)),
+                           result.usage.headers())
 
     async def tokenize(self, request: Request) -> Response:
         """Tokens with char offsets into the (prompt + input) string; at most max_batch_tokens
@@ -168,12 +173,12 @@ class TeiRoutes:
                                           add_special_tokens=body.add_special_tokens)
         return Response(out, media_type="application/json")
 
-    async def decode(self, request: Request) -> JSONResponse:
+    async def decode(self, request: Request) -> Response:
         """Token ids -> text, one string per id list."""
         self.service.begin("decode")
         body = await parse_body(request, DecodeRequest, max_items=self.max_items)
         texts = await self.service.decode(id_lists(body.ids), skip_special_tokens=body.skip_special_tokens)
-        return JSONResponse(texts)
+        return json_answer(await render(lambda: dumps(texts), weight=RECORD_VALUES * len(texts)))
 
     async def healthy(self) -> Response:
         self.service.check_alive()
