@@ -2,7 +2,8 @@
 
 Float JSON: a float32 value is written as the shortest text that reads back as its float64 value
 (``orjson`` over the float64 array), the same values ``json.dumps(v.tolist())`` writes; only the
-exponent's spelling differs (``1e-06`` there, ``1e-6`` here). Non-finite values are refused
+spelling of some numbers differs (``1e-06`` there, ``1e-6`` here; ``9.5e-05`` there, ``0.000095``
+here). Non-finite values are refused
 (ValueError, so a 500) as ``json.dumps(..., allow_nan=False)`` refused them. Base64: the
 little-endian float32 bytes of each row.
 
