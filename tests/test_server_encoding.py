@@ -123,3 +123,28 @@ def test_render_is_inline_when_small_and_in_a_thread_when_big():
 
     asyncio.run(go())
     assert where[0] == "MainThread" and where[1] != "MainThread"
+
+
+def test_a_big_answer_goes_out_in_pieces_with_its_length():
+    content = encoding.float_array(vectors(np.random.default_rng(5), 64, 1024))
+    assert len(content) > 2 * encoding.STREAM_BYTES
+    response = encoding.json_answer(content, {"x-total-time": "3"})
+    sent: list[dict] = []
+
+    async def receive():
+        await asyncio.sleep(10)
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(response({"type": "http", "asgi": {"spec_version": "2.4"}, "method": "GET", "path": "/"},
+                         receive, send))
+    headers = dict(sent[0]["headers"])
+    assert headers[b"content-length"] == str(len(content)).encode() and headers[b"x-total-time"] == b"3"
+    assert headers[b"content-type"] == b"application/json"
+    bodies = [bytes(m["body"]) for m in sent[1:]]
+    assert b"".join(bodies) == content
+    assert max(map(len, bodies)) == encoding.STREAM_BYTES
+    small = encoding.json_answer(b"[1.0]")
+    assert small.body == b"[1.0]" and small.media_type == "application/json"

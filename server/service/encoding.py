@@ -10,20 +10,22 @@ little-endian float32 bytes of each row.
 Invariants: the event loop never runs a per-value loop of a big answer: ``render`` builds any
 answer heavier than ``INLINE_VALUES`` in a worker thread. A single C call holds the GIL for its
 whole length, so arrays are encoded in slices of about ``SLICE_VALUES`` values: the loop, asking
-for the GIL, waits at most one slice (~1 ms) at a time, never the whole answer.
+for the GIL, waits at most one slice (~1 ms) at a time, never the whole answer; and a big body is
+sent in ``STREAM_BYTES`` pieces, never copied whole on the loop.
 """
 from __future__ import annotations
 
 import asyncio
 import base64
-from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
+from typing import Any, AsyncIterator, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
 import orjson
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 INLINE_VALUES = 8192  # answers up to this many values are rendered on the loop (a thread hop costs more)
 SLICE_VALUES = 32768  # values per encoder call (~1-2 ms of GIL on a dev CPU)
+STREAM_BYTES = 256 * 1024  # bodies above this go out in pieces of this size
 _OPTS = orjson.OPT_SERIALIZE_NUMPY
 T = TypeVar("T")
 
@@ -84,4 +86,15 @@ async def render(build: Callable[[], T], *, weight: int) -> T:
 
 
 def json_answer(content: bytes, headers: dict[str, str] | None = None) -> Response:
-    return Response(content, media_type="application/json", headers=headers)
+    """The answer; a big body goes out in STREAM_BYTES pieces (with its Content-Length), so the
+    loop never copies it whole (the HTTP layer would, once per framing step)."""
+    if len(content) <= STREAM_BYTES:
+        return Response(content, media_type="application/json", headers=headers)
+    view = memoryview(content)
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for at in range(0, len(view), STREAM_BYTES):
+            yield view[at:at + STREAM_BYTES]  # type: ignore[misc]  # a memoryview: no copy here
+
+    sized = {**(headers or {}), "content-length": str(len(content))}
+    return StreamingResponse(pieces(), media_type="application/json", headers=sized)
