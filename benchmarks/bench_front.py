@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_front big-answer --url http://127.0.0.1:8080 [--inputs 2048]
     python -m benchmarks.bench_front switch-interval [--preset qwen3-0.6b --layers 2]
+    python -m benchmarks.bench_front hops [--preset tiny-embedding]
 
 ``big-answer`` (HTTP only): one request with ``--inputs`` short inputs (float JSON, 2048 x the
 hidden size) while /health is probed every 20 ms and one-input requests run back to back; prints
@@ -10,6 +11,7 @@ latency less their queue and forward time from the x-* headers) alone and during
 ``switch-interval`` (in process): the forward of a small batch on the worker thread while threads
 parse request bodies and tokenize (the server's busy Python), for several ``sys.setswitchinterval``
 values, interleaved round by round; prints forward ms and the background work done.
+``hops`` (in process): the median cost of each hop of a one-input request, before and after.
 The one-request latency (c1) and full-load rates use the load tester: docs/loadtest.md.
 """
 from __future__ import annotations
@@ -96,11 +98,13 @@ def big_answer(url: str, *, inputs: int = 2048, route: str = "/embed", probe_s: 
 
 def switch_interval(*, preset: str = "qwen3-0.6b", layers: int = 2, intervals=(0.005, 0.002, 0.001, 0.0005),
                     rounds: int = 5, per_round: int = 20, busy_threads: int = 2) -> list[dict]:
-    """Forward ms of a one-item batch on a worker thread while ``busy_threads`` parse and tokenize."""
+    """Forward ms of a 16-token batch on a worker thread, alone and while ``busy_threads`` parse
+    request bodies (pure Python holding the GIL, as the server's parsing and prep do), per
+    switch interval; variants interleave round by round."""
     import numpy as np
 
     import models
-    from models import fixtures, prompts
+    from models import fixtures
     from server.http.bodies import parse_bytes
     from server.routes.schemas import EmbedRequest
 
@@ -108,42 +112,154 @@ def switch_interval(*, preset: str = "qwen3-0.6b", layers: int = 2, intervals=(0
                                 prefix_cache_size=0)
     ids = np.arange(100, 116, dtype=np.int32)
     cu = np.array([0, 16], np.int32)
-    body = json.dumps({"inputs": [f"a body of text number {i} to parse" for i in range(512)]}).encode()
-    texts = [f"tokenize this text of some length, number {i}" for i in range(64)]
+    body = json.dumps({"inputs": [f"a body of text number {i} to parse" for i in range(256)]}).encode()
+    busy = threading.Event()
     stop = threading.Event()
     work = [0]
 
-    def busy() -> None:
+    def background() -> None:
         while not stop.is_set():
-            parsed = parse_bytes(body, EmbedRequest, max_items=2048)
-            prompts.encode_embedding_inputs(runner.tokenizer, texts, prompt="", max_length=512, truncate=True,
-                                            direction="right")
-            work[0] += len(parsed.inputs)
+            if not busy.wait(0.05):
+                continue
+            n = len(parse_bytes(body, EmbedRequest, max_items=2048).inputs)
+            if busy.is_set():  # a parse that ends after its window counts for nobody
+                work[0] += n
 
-    threads = [threading.Thread(target=busy, daemon=True) for _ in range(busy_threads)]
+    def forwards(out: list[float]) -> None:
+        for _ in range(per_round):
+            s = time.perf_counter()
+            runner.run(runner.prepare(ids, cu))
+            out.append((time.perf_counter() - s) * 1e3)
+
+    threads = [threading.Thread(target=background, daemon=True) for _ in range(busy_threads)]
     for t in threads:
         t.start()
     old = sys.getswitchinterval()
-    times: dict[float, list[float]] = {i: [] for i in intervals}
-    done: dict[float, int] = {i: 0 for i in intervals}
-    spent: dict[float, float] = {i: 0.0 for i in intervals}
+    keys = [(i, b) for i in intervals for b in (False, True)]
+    times: dict = {k: [] for k in keys}
+    done: dict = {k: 0 for k in keys}
+    spent: dict = {k: 0.0 for k in keys}
     try:
         for _ in range(rounds):
-            for interval in intervals:
+            for interval, loaded in keys:
                 sys.setswitchinterval(interval)
+                (busy.set if loaded else busy.clear)()
                 w0, t0 = work[0], time.perf_counter()
-                for _ in range(per_round):
-                    s = time.perf_counter()
-                    runner.run(runner.prepare(ids, cu))
-                    times[interval].append((time.perf_counter() - s) * 1e3)
-                done[interval] += work[0] - w0
-                spent[interval] += time.perf_counter() - t0
+                worker = threading.Thread(target=forwards, args=(times[(interval, loaded)],))
+                worker.start()
+                worker.join()
+                done[(interval, loaded)] += work[0] - w0
+                spent[(interval, loaded)] += time.perf_counter() - t0
     finally:
         stop.set()
+        busy.clear()
         sys.setswitchinterval(old)
-    return [{"switch_interval_ms": i * 1e3, "forward_p50_ms": statistics.median(times[i]),
-             "forward_p90_ms": _quantile(times[i], 0.9), "background_bodies_per_s": done[i] / spent[i]}
-            for i in intervals]
+    return [{"switch_interval_ms": i * 1e3, "parsing_threads": busy_threads if b else 0,
+             "forward_p50_ms": round(statistics.median(times[(i, b)]), 2),
+             "forward_p90_ms": round(_quantile(times[(i, b)], 0.9), 2),
+             "inputs_parsed_per_s": round(done[(i, b)] / spent[(i, b)])} for i, b in keys]
+
+
+def hops(*, preset: str = "tiny-embedding", layers: int | None = None, reps: int = 300) -> list[dict]:
+    """Median microseconds of each hop of a one-input /embed request, in process, before and after.
+
+    "before": tokenization through the thread pool, the batch handed to the worker thread, the
+    answer through ``json.dumps(v.tolist())``; "after": what the server does now for a short
+    input at an idle CPU pipeline (inline tokenization, the batch run on the prep thread, orjson).
+    Variants interleave request by request; the scheduler rows exclude the runner's own time.
+    """
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    import models
+    from models import fixtures, prompts
+    from scheduler import Scheduler
+    from server.http.bodies import parse_bytes
+    from server.routes.schemas import EmbedRequest
+    from server.service import encoding
+    from server.service.results import shape_vectors
+
+    runner = models.load_runner(str(fixtures.cached(preset, layers=layers)), device="cpu", dtype="float32",
+                                prefix_cache_size=0)
+    query = "Instruct: Given a web search query, retrieve relevant passages\nQuery: what is the capital of france"
+    body = json.dumps({"inputs": query}).encode()
+    forward_s: list[float] = []
+    real_run = runner.run
+
+    def timed_run(p):
+        t0 = time.perf_counter()
+        try:
+            return real_run(p)
+        finally:
+            forward_s.append(time.perf_counter() - t0)
+
+    prepare_s: list[float] = []
+    real_prepare = runner.prepare
+
+    def timed_prepare(*args, **kw):
+        t0 = time.perf_counter()
+        try:
+            return real_prepare(*args, **kw)
+        finally:
+            prepare_s.append(time.perf_counter() - t0)
+
+    runner.run = timed_run  # type: ignore[method-assign]
+    runner.prepare = timed_prepare  # type: ignore[method-assign]
+    pool = ThreadPoolExecutor(2)
+    rows: dict[str, list[float]] = {}
+
+    def add(name: str, seconds: float) -> None:
+        rows.setdefault(name, []).append(seconds * 1e6)
+
+    def encode() -> list[list[int]]:
+        return prompts.encode_embedding_inputs(runner.tokenizer, [query], prompt="", max_length=512, truncate=True)
+
+    async def go() -> None:
+        loop = asyncio.get_running_loop()
+        scheds = {}
+        for inline in (False, True):
+            scheds[inline] = Scheduler(runner, max_batch_tokens=16384, inline=inline)
+            scheds[inline].start()
+        try:
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                parse_bytes(body, EmbedRequest, max_items=2048)
+                add("parse + validate body", time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                items = encode()
+                add("tokenize (inline)", time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                await loop.run_in_executor(pool, encode)
+                add("tokenize (thread hop)", time.perf_counter() - t0)
+                for inline in (False, True):
+                    forward_s.clear()
+                    prepare_s.clear()
+                    t0 = time.perf_counter()
+                    res = await scheds[inline].submit([list(items[0])])
+                    total = time.perf_counter() - t0
+                    add("prepare (runner.prepare)", prepare_s[0])
+                    add("forward (runner.run)", forward_s[0])
+                    add(f"queue + form + {'run on prep thread' if inline else 'hand-over'} + resolve",
+                        total - forward_s[0] - prepare_s[0])
+                t0 = time.perf_counter()
+                vec = shape_vectors(res.outputs, dimensions=None, normalize=True)
+                add("shape (normalize)", time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                json.dumps(vec.tolist(), separators=(",", ":")).encode()
+                add("render (json.dumps of tolist)", time.perf_counter() - t0)
+                t0 = time.perf_counter()
+                encoding.float_array(vec)
+                add("render (orjson, float64 slices)", time.perf_counter() - t0)
+        finally:
+            for sch in scheds.values():
+                sch.stop()
+
+    asyncio.run(go())
+    pool.shutdown()
+    return [{"hop": k, "p50_us": round(statistics.median(v), 1), "p90_us": round(_quantile(v, 0.9), 1)}
+            for k, v in rows.items()]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -158,8 +274,14 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--layers", type=int, default=2)
     s.add_argument("--rounds", type=int, default=5)
     s.add_argument("--intervals", type=float, nargs="+", default=[5.0, 2.0, 1.0, 0.5], help="milliseconds")
+    h = sub.add_parser("hops")
+    h.add_argument("--preset", default="tiny-embedding")
+    h.add_argument("--reps", type=int, default=300)
     a = ap.parse_args(argv)
-    if a.cmd == "big-answer":
+    if a.cmd == "hops":
+        for row in hops(preset=a.preset, reps=a.reps):
+            print(json.dumps(row))
+    elif a.cmd == "big-answer":
         print(json.dumps(big_answer(a.url, inputs=a.inputs, route=a.route), indent=1))
     else:
         for row in switch_interval(preset=a.preset, layers=a.layers, rounds=a.rounds,

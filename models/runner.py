@@ -114,7 +114,8 @@ class Runner:
         per_token = bool(mask.any())
         index: RadixIndex | None = None
         ratio = 1.0
-        if self.radix_mlp_threshold > 0.0:
+        # NOTE: one sequence has no shared prefix (N'/N = 1): below threshold 1 the gate would drop it.
+        if self.radix_mlp_threshold > 0.0 and (len(cu_seqlens) > 2 or self.radix_mlp_threshold >= 1.0):
             built = build_index(input_ids, positions_from_cu_seqlens(cu_seqlens), cu_seqlens)
             ratio = float(built.ratio)
             if use_index(self.radix_mlp_threshold, ratio):

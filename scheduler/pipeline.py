@@ -3,6 +3,11 @@
     prep thread:    form -> prepare (pack; runner.prepare builds and gates the index, then tensors)
     worker thread:  execute (runner.run) -> deliver (one output to each entry)
 
+With ``inline`` (a CPU runner), a batch formed while the worker holds none and nobody else waits
+runs on the prep thread itself: a lone request pays no hand-over. On an accelerator ``run`` may
+return a ``PendingOutput``; the settling thread (scheduler/settling.py) waits for it and delivers,
+so the worker only launches forwards, at most IN_FLIGHT of them unsettled.
+
 The prep thread forms a batch from a snapshot of the waiting queue (no lock held while the former
 runs), packs it (input_ids [N], cu_seqlens [B+1] int32) and calls ``runner.prepare``, which builds
 and gates the trie itself; it hands the result over a queue of size 1. The worker executes the
@@ -30,6 +35,7 @@ import numpy as np
 from .contract import ModelRunner, PendingOutput, Prepared
 from .forming import Entry, Former
 from .metrics import Metrics
+from .settling import Settler
 from .waiting import WaitQueue
 
 log = logging.getLogger(__name__)
@@ -126,11 +132,10 @@ class Pipeline:
                                         daemon=True)
         self._handed_lock = threading.Lock()
         self._handed = 0  # batches handed to the worker and not yet finished by it
-        # Settling thread, started by the first PendingOutput (an accelerator): it waits for the
-        # copies to the host and resolves the entries, so the worker only launches forwards.
-        self._settling: queue.Queue[Any] = queue.Queue()  # (batch, PendingOutput) or _STOP
+        # Pending outputs (an accelerator) settle on their own thread, so the worker only launches.
         self._in_flight = threading.Semaphore(IN_FLIGHT)
-        self._settler: threading.Thread | None = None
+        self._settler = Settler(finish=self._finish, fail=self._copy_failed, supervise=self._supervise,
+                                dead=self._dead, poll_s=_POLL_S)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -140,13 +145,13 @@ class Pipeline:
 
     @property
     def alive(self) -> bool:
-        settler_ok = self._settler is None or self._settler.is_alive()
+        settler_ok = self._settler.thread is None or self._settler.thread.is_alive()
         return self._prep.is_alive() and self._worker.is_alive() and settler_ok and not self._dead.is_set()
 
     def join(self, timeout: float) -> bool:
         """Wait for the threads to exit (the queue must be closed first); True if they did."""
         deadline = time.monotonic() + timeout
-        threads = [t for t in (self._prep, self._worker, self._settler) if t is not None]
+        threads = [t for t in (self._prep, self._worker, self._settler.thread) if t is not None]
         for t in threads:
             if t.is_alive():
                 t.join(max(0.0, deadline - time.monotonic()))
@@ -272,8 +277,7 @@ class Pipeline:
                 self._execute(batch)
             finally:
                 self._count_handed(-1)
-        if self._settler is not None:
-            self._settling.put(_STOP)
+        self._settler.stop()
 
     def _count_handed(self, delta: int) -> None:
         with self._handed_lock:
@@ -322,7 +326,7 @@ class Pipeline:
             self._fail(batch, "run", exc)
             return
         if isinstance(out, PendingOutput):
-            self._settle_later(batch, out)
+            self._settler.submit(batch, out)
             return
         self._finish(batch, out)
 
@@ -334,34 +338,6 @@ class Pipeline:
             self._deliver(batch, out)
         except Exception as exc:  # noqa: BLE001 - fails this batch only
             self._fail(batch, "deliver", exc)
-
-    # -- settling thread (accelerators only): wait for the host copy -> deliver -------------------
-    def _settle_later(self, batch: _Batch, pending: PendingOutput) -> None:
-        if self._settler is None:
-            self._settler = threading.Thread(target=self._supervise, args=(self._settle_loop,), name="rs-settle",
-                                             daemon=True)
-            self._settler.start()
-        self._settling.put((batch, pending))
-
-    def _settle_loop(self) -> None:
-        while True:
-            try:
-                item = self._settling.get(timeout=_POLL_S)
-            except queue.Empty:
-                if self._dead.is_set():
-                    return
-                continue
-            if item is _STOP:
-                return
-            batch, pending = item
-            try:
-                out = pending.result()
-            except Exception as exc:  # noqa: BLE001 - fails this batch only
-                batch.forward_end = time.monotonic()
-                self._in_flight.release()
-                self._fail(batch, "copy to host", exc)
-                continue
-            self._finish(batch, out)
 
     def _deliver(self, batch: _Batch, out: Any) -> None:
         """Resolve every entry with its output, its queue time, the forward time and its cost."""
@@ -376,6 +352,11 @@ class Pipeline:
         start = batch.forward_start
         self._resolve([(e, (value, start - e.arrival, forward_s, int(cost)), None)
                        for e, value, cost in zip(batch.entries, values, computed)])
+
+    def _copy_failed(self, batch: _Batch, exc: Exception) -> None:
+        batch.forward_end = time.monotonic()
+        self._in_flight.release()
+        self._fail(batch, "copy to host", exc)
 
     # -- either thread --------------------------------------------------------------------------
     def _fail(self, batch: _Batch, stage: str, exc: Exception) -> None:
