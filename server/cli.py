@@ -88,6 +88,19 @@ def export_hub_settings(config: ServerConfig, environ=None) -> None:
         log.warning("huggingface_hub was imported before the hub settings were applied")
 
 
+# The GIL switch interval of a serving process (Python's default: 5 ms). The worker's forward
+# releases and retakes the GIL around each of its hundreds of ops; while parsing and prep threads
+# run pure Python, each retake could wait a whole interval. docs/benchmarks.md, section 8.
+SWITCH_INTERVAL_S = 0.001
+
+
+def tune_switch_interval() -> None:
+    default = sys.getswitchinterval()
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
+    log.info("GIL switch interval %.2f ms (Python's default %.2f ms), so the model worker's ops wait less "
+             "behind threads running Python", SWITCH_INTERVAL_S * 1e3, default * 1e3)
+
+
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
@@ -100,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         log.warning(note)
     export_hub_settings(config)
+    tune_switch_interval()
     log.info("loading %s", config.model_id)
     try:
         runner = load_runner(config)
