@@ -91,7 +91,7 @@ def export_hub_settings(config: ServerConfig, environ=None) -> None:
 # The GIL switch interval of a serving process (Python's default: 5 ms). The worker's forward
 # releases and retakes the GIL around each of its hundreds of ops; while parsing and prep threads
 # run pure Python, each retake could wait a whole interval. docs/benchmarks.md, section 8.
-SWITCH_INTERVAL_S = 0.001
+SWITCH_INTERVAL_S = 0.0005
 
 
 def tune_switch_interval() -> None:
