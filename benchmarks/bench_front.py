@@ -3,6 +3,8 @@
     python -m benchmarks.bench_front big-answer --url http://127.0.0.1:8080 [--inputs 2048]
     python -m benchmarks.bench_front switch-interval [--preset qwen3-0.6b --layers 2]
     python -m benchmarks.bench_front hops [--preset tiny-embedding]
+    python -m benchmarks.bench_front one-input --target new=http://127.0.0.1:8080 --target old=URL
+    python -m benchmarks.bench_front forward-rate --model-dir DIR [--radix-mlp-threshold 0]
 
 ``big-answer`` (HTTP only): one request with ``--inputs`` short inputs (float JSON, 2048 x the
 hidden size) while /health is probed every 20 ms and one-input requests run back to back; prints
@@ -12,6 +14,10 @@ latency less their queue and forward time from the x-* headers) alone and during
 parse request bodies and tokenize (the server's busy Python), for several ``sys.setswitchinterval``
 values, interleaved round by round; prints forward ms and the background work done.
 ``hops`` (in process): the median cost of each hop of a one-input request, before and after.
+``forward-rate`` (in process): items/s of the embed-template batches through the runner alone,
+the reference for the server's full-load rate.
+``one-input``: c1 keep-alive latency of a one-input /embed (and /health) on raw sockets, servers
+alternating request by request, so a client library's own milliseconds are not in the figure.
 The one-request latency (c1) and full-load rates use the load tester: docs/loadtest.md.
 """
 from __future__ import annotations
@@ -24,6 +30,7 @@ import threading
 import time
 
 import httpx
+import numpy as np
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -101,7 +108,6 @@ def switch_interval(*, preset: str = "qwen3-0.6b", layers: int = 2, intervals=(0
     """Forward ms of a 16-token batch on a worker thread, alone and while ``busy_threads`` parse
     request bodies (pure Python holding the GIL, as the server's parsing and prep do), per
     switch interval; variants interleave round by round."""
-    import numpy as np
 
     import models
     from models import fixtures
@@ -171,7 +177,6 @@ def hops(*, preset: str = "tiny-embedding", layers: int | None = None, reps: int
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 
-    import numpy as np
 
     import models
     from models import fixtures, prompts
@@ -262,6 +267,79 @@ def hops(*, preset: str = "tiny-embedding", layers: int | None = None, reps: int
             for k, v in rows.items()]
 
 
+def _http(sock, method: str, path: str, body: bytes = b"") -> tuple[float, dict]:
+    """One keep-alive HTTP/1.1 exchange on a raw socket: (ms, headers); no client library's cost."""
+    head = (f"{method} {path} HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    t0 = time.perf_counter()
+    sock.sendall(head + body)
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        buf += sock.recv(65536)
+    raw, _, rest = buf.partition(b"\r\n\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in (line.decode().partition(":") for line in raw.split(b"\r\n")[1:])}
+    while len(rest) < int(headers["content-length"]):
+        rest += sock.recv(65536)
+    return (time.perf_counter() - t0) * 1e3, headers
+
+
+def one_input(urls: dict[str, str], *, requests: int = 1000) -> list[dict]:
+    """c1 keep-alive latency of a one-input /embed and of /health per server, alternating request by
+    request (the first server rotating), over raw sockets."""
+    import socket
+    from urllib.parse import urlsplit
+
+    body = json.dumps({"inputs": "Instruct: Given a web search query, retrieve relevant passages\n"
+                                 "Query: what is the capital of france"}).encode()
+    socks = {}
+    for name, url in urls.items():
+        u = urlsplit(url)
+        socks[name] = socket.create_connection((u.hostname, u.port or 80))
+        socks[name].setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    got: dict[str, dict[str, list[float]]] = {n: {"embed": [], "health": []} for n in urls}
+    names = list(urls)
+    for i in range(requests):
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            got[name]["health"].append(_http(socks[name], "GET", "/health")[0])
+            got[name]["embed"].append(_http(socks[name], "POST", "/embed", body)[0])
+    for s in socks.values():
+        s.close()
+    return [{"target": n, "embed_p50_ms": round(statistics.median(v["embed"]), 2),
+             "embed_p99_ms": round(_quantile(v["embed"], 0.99), 2),
+             "health_p50_ms": round(statistics.median(v["health"]), 2)} for n, v in got.items()]
+
+
+def forward_rate(model_dir: str, *, queries: int = 64, seed: int = 0, threshold: float = 1.0,
+                 cache: str = "0", rounds: int = 1) -> dict:
+    """Items/s of the embed-template requests (64 items each, one batch per request) through the
+    runner in process (tokenize, prepare, run): the rate a server at full load should approach."""
+    import models
+    from loadtest import datasets, workloads
+    from models import prompts
+
+    runner = models.load_runner(model_dir, device="cpu", dtype="float32", radix_mlp_threshold=threshold,
+                                prefix_cache_size=cache)
+    reqs = workloads.build_requests(datasets.synthetic(queries, seed=seed), "embed-template")
+    prompt = prompts.resolve_prompt(runner.prompts or {}, prompt_name=None,
+                                    default_prompt_name=runner.default_prompt_name, default_prompt=None)
+    batches = []
+    for r in reqs:
+        ids = prompts.encode_embedding_inputs(runner.tokenizer, r.body["input"], prompt=prompt,
+                                              max_length=runner.max_positions, truncate=True)
+        lens = [len(i) for i in ids]
+        flat = np.fromiter((t for i in ids for t in i), dtype=np.int32)
+        batches.append((flat, np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)))
+    runner.run(runner.prepare(*batches[0]))  # warm
+    items, t0 = 0, time.perf_counter()
+    for _ in range(rounds):
+        for flat, cu in batches:
+            runner.run(runner.prepare(flat, cu))
+            items += len(cu) - 1
+    spent = time.perf_counter() - t0
+    return {"requests": len(batches) * rounds, "items": items, "seconds": round(spent, 2),
+            "items_per_s": round(items / spent, 2), "radix_mlp_threshold": threshold, "prefix_cache": cache}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_front", description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -277,8 +355,22 @@ def main(argv: list[str] | None = None) -> None:
     h = sub.add_parser("hops")
     h.add_argument("--preset", default="tiny-embedding")
     h.add_argument("--reps", type=int, default=300)
+    o = sub.add_parser("one-input")
+    o.add_argument("--target", action="append", required=True, metavar="NAME=URL")
+    o.add_argument("--requests", type=int, default=1000)
+    f = sub.add_parser("forward-rate")
+    f.add_argument("--model-dir", required=True)
+    f.add_argument("--queries", type=int, default=64)
+    f.add_argument("--radix-mlp-threshold", type=float, default=1.0)
+    f.add_argument("--prefix-cache-size", default="0")
     a = ap.parse_args(argv)
-    if a.cmd == "hops":
+    if a.cmd == "forward-rate":
+        print(json.dumps(forward_rate(a.model_dir, queries=a.queries, threshold=a.radix_mlp_threshold,
+                                      cache=a.prefix_cache_size)))
+    elif a.cmd == "one-input":
+        for row in one_input(dict(t.split("=", 1) for t in a.target), requests=a.requests):
+            print(json.dumps(row))
+    elif a.cmd == "hops":
         for row in hops(preset=a.preset, reps=a.reps):
             print(json.dumps(row))
     elif a.cmd == "big-answer":
