@@ -178,7 +178,8 @@ class TeiRoutes:
         self.service.begin("decode")
         body = await parse_body(request, DecodeRequest, max_items=self.max_items)
         texts = await self.service.decode(id_lists(body.ids), skip_special_tokens=body.skip_special_tokens)
-        return json_answer(await render(lambda: dumps(texts), weight=RECORD_VALUES * len(texts)))
+        weight = RECORD_VALUES * len(texts) + sum(map(len, texts)) // 8  # ~8 characters cost one float
+        return json_answer(await render(lambda: dumps(texts), weight=weight))
 
     async def healthy(self) -> Response:
         self.service.check_alive()
