@@ -178,7 +178,7 @@ class Runner:
         out: torch.Tensor | list | streams.HostCopy
         try:
             with torch.inference_mode():
-                streams.await_copies(prepared.ready, streams.device_tensors(prepared))
+                streams.await_copies(prepared.ready, streams.device_tensors(prepared), self.device)
                 if batch.num_seqs == 0:
                     shape = (0,) if self.kind == "reranker" else (0, self.hidden_size)
                     out = torch.zeros(shape, dtype=torch.float32)

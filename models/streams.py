@@ -44,21 +44,22 @@ def copied(device: torch.device) -> torch.cuda.Event | None:
     return event
 
 
-def device_tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """The tensors a prepared batch holds: its fields', and those of dataclasses among them (one level)."""
+def device_tensors(obj: Any, depth: int = 3) -> Iterator[torch.Tensor]:
+    """The tensors a prepared batch holds: its fields', and those of the dataclasses among them
+    (the forward batch, its attention metadata, its cache I/O), ``depth`` levels down."""
     for f in dataclasses.fields(obj):
         value = getattr(obj, f.name)
         if isinstance(value, torch.Tensor):
             yield value
-        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-            yield from (v for g in dataclasses.fields(value) if isinstance(v := getattr(value, g.name), torch.Tensor))
+        elif depth > 1 and dataclasses.is_dataclass(value) and not isinstance(value, type):
+            yield from device_tensors(value, depth - 1)
 
 
-def await_copies(ready: torch.cuda.Event | None, tensors: Iterator[torch.Tensor]) -> None:
-    """On the compute stream: wait for the copies, and hold the copied tensors' memory for it."""
+def await_copies(ready: torch.cuda.Event | None, tensors: Iterator[torch.Tensor], device: torch.device) -> None:
+    """On ``device``'s compute stream: wait for the copies, and hold the copied tensors' memory for it."""
     if ready is None:
         return
-    stream = torch.cuda.current_stream()
+    stream = torch.cuda.current_stream(device)
     stream.wait_event(ready)
     for t in tensors:
         if t.device.type != "cuda":
@@ -95,8 +96,8 @@ def to_host(outputs: tuple[torch.Tensor, ...], finish: Callable[..., Any]) -> An
     hosts = []
     for o in outputs:
         host = torch.empty(o.shape, dtype=torch.float32, pin_memory=True)
-        host.copy_(o, non_blocking=True)  # converts to float32 on the device side of the copy
+        host.copy_(o.float(), non_blocking=True)  # float32 on the device, then one async copy
         hosts.append(host)
     event = torch.cuda.Event()
-    event.record()
+    event.record(torch.cuda.current_stream(outputs[0].device))
     return HostCopy(tuple(hosts), event, finish)
