@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import logging
 import os
 import sys
+import time
 
 from server.config import ServerConfig, convert, env_values, env_var, field_types, flag_name
 
@@ -101,6 +103,18 @@ def tune_switch_interval() -> None:
              "behind threads running Python", SWITCH_INTERVAL_S * 1e3, default * 1e3)
 
 
+def freeze_startup_objects() -> None:
+    """Move everything alive after start-up (modules, the model, the app) out of the collector's
+    reach: a full collection over them took ~270 ms on the dev CPU, a pause on whichever thread
+    (and, holding the GIL, on the event loop) it falls. Objects made while serving are collected
+    as before."""
+    t0 = time.perf_counter()
+    gc.collect()
+    gc.freeze()
+    log.info("froze %d start-up objects out of garbage collection (%.0f ms)", gc.get_freeze_count(),
+             (time.perf_counter() - t0) * 1e3)
+
+
 def main(argv: list[str] | None = None) -> int:
     import uvicorn
 
@@ -125,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - report and exit non-zero, no traceback spam
         log.error("could not start: %s: %s", type(exc).__name__, exc)
         return 1
+    freeze_startup_objects()
     lifecycle = app.state.lifecycle
     served = tracing.instrument(app, endpoint=config.otlp_endpoint, service_name=config.otlp_service_name)
     uv_config = uvicorn.Config(
