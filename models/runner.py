@@ -32,11 +32,16 @@ from models.pooling import pool, rerank_logits, token_states
 from models.prefix_cache import DEFAULT_SIZE, PrefixCache, cache_refusal, capacity_tokens
 from models.prefix_setup import head_pooling, start_prefix_cache
 from models.qwen3 import AttentionOps, Qwen3Model
+from models import streams
 from models.radix import RadixIndex, build_index, positions_from_cu_seqlens
 from models.warmup import warm_up
 
 log = logging.getLogger(__name__)
 MAX_SEQS = 65535  # sequences per batch: CUDA attention kernels launch one grid row per sequence
+
+
+def _same(x: torch.Tensor) -> torch.Tensor:
+    return x
 _POOLING_KEYS = (("pooling_mode_lasttoken", "last-token"), ("pooling_mode_mean_tokens", "mean"),
                  ("pooling_mode_cls_token", "cls"))
 
@@ -53,6 +58,7 @@ class PreparedBatch:
     computed_tokens: tuple[int, ...] = ()  # [B] tokens of each sequence not read from the prefix cache
     token_items: tuple[int, ...] = ()  # the all_tokens items, ascending: they answer [L, E] states
     token_rows: torch.Tensor | None = None  # [sum of their lengths] int64 model row of each of their tokens
+    ready: torch.cuda.Event | None = None  # CUDA: recorded on the copy stream after this batch's copies
 
 
 @dataclass
@@ -84,6 +90,8 @@ class Runner:
     memory: dict[str, int] = field(default_factory=dict)
     # the prefix cache's size: tokens, bytes, bytes_per_token and why (`auto`'s rule and figures)
     prefix_cache_report: dict = field(default_factory=dict)
+    # run() may return a HostCopy on CUDA (the scheduler settles it on its own thread); off: run waits
+    defer_copies: bool = False
 
     @property
     def attention_report(self) -> dict:
@@ -110,7 +118,8 @@ class Runner:
         per_token = bool(mask.any())
         index: RadixIndex | None = None
         ratio = 1.0
-        if self.radix_mlp_threshold > 0.0:
+        # NOTE: one sequence has no shared prefix (N'/N = 1): below threshold 1 the gate would drop it.
+        if self.radix_mlp_threshold > 0.0 and (len(cu_seqlens) > 2 or self.radix_mlp_threshold >= 1.0):
             built = build_index(input_ids, positions_from_cu_seqlens(cu_seqlens), cu_seqlens,
                                 groups=namespace_groups(namespaces))
             ratio = float(built.ratio)
@@ -121,30 +130,34 @@ class Runner:
         # batch with per-token items runs without it. Leaving out only those items' sequences is
         # not enough: a cached node they share with another sequence would still lose its row, and
         # uncaching it would break the cache's prefix-closed layout. Such batches are rare.
-        forward = build_forward_batch(
-            input_ids, cu_seqlens, index, mode=self.radix_attention, device=self.device,
-            mean_pooling=self.kind == "embedding" and self.pooling == "mean",
-            cache=self.prefix_cache if self.cache_usable(all_tokens=per_token) else None,
-            namespaces=namespaces,
-        )
-        if self.attention_backend == "sdpa-padded":
-            # NOTE: the padded layout (host work, then its copies) is built here on the prep
-            # thread; left to its first use it would run in layer 0 on the worker.
-            forward.attn.padded  # noqa: B018 - a cached_property: computed once, now
-        items: tuple[int, ...] = ()
-        rows = None
-        if per_token:
-            lens: np.ndarray = np.diff(np.asarray(cu_seqlens, dtype=np.int64))  # [B]
-            # The model row of every original token: itself without the trie, else its compact row.
-            rows_of = (np.asarray(index.scatter).astype(np.int64) if index is not None
-                       else np.arange(n, dtype=np.int64))  # [N]
-            picked = rows_of[np.repeat(mask, lens)]  # [sum of the flagged lengths]
-            items = tuple(int(i) for i in np.flatnonzero(mask))
-            rows = to_device(torch.from_numpy(np.ascontiguousarray(picked)), self.device)
+        with streams.copying(self.device):  # CUDA: the copies go on the copy stream (models/streams.py)
+            forward = build_forward_batch(
+                input_ids, cu_seqlens, index, mode=self.radix_attention, device=self.device,
+                mean_pooling=self.kind == "embedding" and self.pooling == "mean",
+                cache=self.prefix_cache if self.cache_usable(all_tokens=per_token) else None,
+                namespaces=namespaces,
+            )
+            if self.attention_backend == "sdpa-padded":
+                # NOTE: the padded layout (host work, then its copies) is built here on the prep
+                # thread; left to its first use it would run in layer 0 on the worker.
+                forward.attn.padded  # noqa: B018 - a cached_property: computed once, now
+            items, rows = self._token_rows(n, cu_seqlens, mask, index) if per_token else ((), None)
         # NOTE: rows actually computed: N' (or N) less the prefix cache's hits.
         return PreparedBatch(forward, n_tokens=n, n_compact=forward.num_rows, ratio=ratio,
                              used_index=index is not None, computed_tokens=forward.computed_tokens,
-                             token_items=items, token_rows=rows)
+                             token_items=items, token_rows=rows, ready=streams.copied(self.device))
+
+    def _token_rows(self, n: int, cu_seqlens, mask: np.ndarray,
+                    index: RadixIndex | None) -> tuple[tuple[int, ...], torch.Tensor]:
+        """The all_tokens items (ascending) and the model row of each of their tokens, on the device."""
+        lens: np.ndarray = np.diff(np.asarray(cu_seqlens, dtype=np.int64))  # [B]
+        # The model row of every original token: itself without the trie, else its compact row.
+        rows_of = (np.asarray(index.scatter).astype(np.int64) if index is not None
+                   else np.arange(n, dtype=np.int64))  # [N]
+        picked = rows_of[np.repeat(mask, lens)]  # [sum of the flagged lengths]
+        items = tuple(int(i) for i in np.flatnonzero(mask))
+        rows = to_device(torch.from_numpy(np.ascontiguousarray(picked)), self.device)
+        return items, rows
 
     def cache_usable(self, *, all_tokens: bool = False) -> bool:
         """Whether a batch of this runner uses its prefix cache (`cache_refusal`; a copy of the
@@ -168,39 +181,49 @@ class Runner:
             return rerank_logits(self.model, hidden, batch, yes_id=self.yes_id, no_id=self.no_id)
         return pool(self.model, hidden, batch, self.pooling)
 
-    def run(self, prepared: PreparedBatch) -> torch.Tensor | list:
+    def run(self, prepared: PreparedBatch) -> torch.Tensor | list | streams.HostCopy:
         """CPU float32: [B, E] pooled embeddings (not normalised) or [B] raw reranker scores; with
-        all_tokens items a list of B outputs, [L, E] final states for those items."""
+        all_tokens items a list of B outputs, [L, E] final states for those items. With
+        ``defer_copies`` on CUDA the same comes as a ``HostCopy`` (models/streams.py): the copy
+        into pinned memory is under way, ``result()`` waits for it, the caller is not blocked.
+
+        NOTE: on CUDA the cache lease is committed once the forward is queued: later batches read
+        the pool on the same stream, after it; a device fault there is fatal to the process."""
         batch = prepared.forward
-        out: torch.Tensor | list
+        out: torch.Tensor | list | streams.HostCopy
         try:
             with torch.inference_mode():
+                streams.await_copies(prepared.ready, streams.device_tensors(prepared), self.device)
                 if batch.num_seqs == 0:
                     shape = (0,) if self.kind == "reranker" else (0, self.hidden_size)
                     out = torch.zeros(shape, dtype=torch.float32)
                 elif prepared.token_items:
                     out = self._run_tokens(prepared)
                 else:
-                    out = self.forward(batch).float().cpu()  # synchronises: pool writes are done
+                    out = streams.to_host((self.forward(batch),), _same)  # on a CPU: done, pool writes too
         except BaseException:
             if batch.cache is not None:
                 batch.cache.abort()
             raise
         if batch.cache is not None:
             batch.cache.commit()
-        return out
+        return out if self.defer_copies else streams.settled(out)
 
-    def _run_tokens(self, prepared: PreparedBatch) -> list:
+    def _run_tokens(self, prepared: PreparedBatch) -> list | streams.HostCopy:
         batch = prepared.forward
         assert prepared.token_rows is not None  # prepare sets it with token_items
         hidden = self.model(batch.input_ids, batch.positions, batch)  # [T, E]
-        pooled = self._head(hidden, batch).float().cpu().numpy()  # [B, E] or [B]
-        states = token_states(self.model, hidden, prepared.token_rows).float().cpu().numpy()  # [M, E]
-        out: list = list(pooled)
+        pooled = self._head(hidden, batch)  # [B, E] or [B]
+        states = token_states(self.model, hidden, prepared.token_rows)  # [M, E]
         lens = [batch.seq_lens[i] for i in prepared.token_items]
-        for i, part in zip(prepared.token_items, np.split(states, np.cumsum(lens)[:-1])):
-            out[i] = part  # [L, E]
-        return out
+
+        def finish(pooled_host: torch.Tensor, states_host: torch.Tensor) -> list:
+            out: list = list(pooled_host.numpy())
+            for i, part in zip(prepared.token_items, np.split(states_host.numpy(), np.cumsum(lens)[:-1])):
+                out[i] = part  # [L, E]
+            return out
+
+        return streams.to_host((pooled, states), finish)
 
 
 def detect_kind(model_dir: Path, cfg: ModelConfig) -> str:

@@ -25,6 +25,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from models import streams
+
 log = logging.getLogger(__name__)
 
 CPU_TOKENS = 1024  # the warm-up batch's cap on a CPU
@@ -66,7 +68,7 @@ def peak_forward(runner: Any, tokens: int) -> int:
     ids, cu = shared_prefix_batch(tokens, runner.config.vocab_size)
     hot = dataclasses.replace(runner, radix_mlp_threshold=1.0, prefix_cache=None)
     reset_peak(runner.device)
-    hot.run(hot.prepare(ids, cu))  # the copy to the host waits for the device
+    streams.settled(hot.run(hot.prepare(ids, cu)))  # waits for the copy to the host
     return peak_bytes(runner.device)
 
 
@@ -80,8 +82,8 @@ def warm_cache(runner: Any) -> str:
     second = first.copy()
     second[cu[1] - block // 2:cu[1]] += 1  # the same prefixes, other tails: reads what was written
     hot = dataclasses.replace(runner, radix_mlp_threshold=1.0)
-    hot.run(hot.prepare(first, cu))
-    hot.run(hot.prepare(second % max(1, runner.config.vocab_size), cu))
+    streams.settled(hot.run(hot.prepare(first, cu)))
+    streams.settled(hot.run(hot.prepare(second % max(1, runner.config.vocab_size), cu)))
     hits = cache.stats()["hit_tokens"]
     cache.reset()
     return f"prefix cache write and read ({hits} tokens hit), then emptied"

@@ -2,7 +2,7 @@
 
 The scheduler never imports models/. It drives any object with this shape: ``prepare`` on the
 prep thread (host work only: pack, trie, tensors), ``run`` on the worker thread (the forward and
-one copy to the host). The real implementation is ``models.runner.Runner``; tests implement it
+one copy to the host, which may still be under way when it returns: ``PendingOutput``). The real implementation is ``models.runner.Runner``; tests implement it
 with small fakes. Invariant: the scheduler reads nothing of a runner or a prepared batch that is
 not declared here. A type checker holds the scheduler to it, and tests/test_contract.py holds
 the real runner and the fakes to it at run time (the Protocols are runtime-checkable).
@@ -54,4 +54,16 @@ class ModelRunner(Protocol):
         ...
 
     def run(self, prepared: Any) -> Any:
+        ...
+
+
+@runtime_checkable
+class PendingOutput(Protocol):
+    """What ``run`` may return instead of its output when the copy to the host is still under way
+    (an accelerator): ``result()`` blocks until it is done and returns what ``run`` would have.
+
+    The pipeline calls ``result()`` on its settling thread, so the worker only launches forwards.
+    """
+
+    def result(self) -> Any:
         ...

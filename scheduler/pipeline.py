@@ -3,6 +3,11 @@
     prep thread:    form -> prepare (pack; runner.prepare builds and gates the index, then tensors)
     worker thread:  execute (runner.run) -> deliver (one output to each entry)
 
+With ``inline`` (a CPU runner), a batch formed while the worker holds none and nobody else waits
+runs on the prep thread itself: a lone request pays no hand-over. On an accelerator ``run`` may
+return a ``PendingOutput``; the settling thread (scheduler/settling.py) waits for it and delivers,
+so the worker only launches forwards, at most IN_FLIGHT of them unsettled.
+
 The prep thread forms a batch from a snapshot of the waiting queue (no lock held while the former
 runs), packs it (input_ids [N], cu_seqlens [B+1] int32) and calls ``runner.prepare``, which builds
 and gates the trie itself; it hands the result over a queue of size 1. The worker executes the
@@ -29,18 +34,21 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .contract import ModelRunner, Prepared
+from .contract import ModelRunner, PendingOutput, Prepared
 from .faults import DeviceFault, classify, release_cached_memory
 from .forming import Entry, Former
 from .metrics import Metrics
+from .settling import Settler
 from .waiting import WaitQueue
 
 log = logging.getLogger(__name__)
 
 _STOP = object()  # sentinel on the hand-off queue: no more batches
-# How one entry ends: (output, queue time s, forward time s, tokens computed), or an error.
-Resolve = Callable[[Entry, Any, BaseException | None], None]
+# How a batch's entries end, reported at once: [(entry, (output, queue time s, forward time s,
+# tokens computed) or None, error or None)].
+Resolve = Callable[[list[tuple[Entry, Any, BaseException | None]]], None]
 _POLL_S = 0.05  # how often blocked threads look at the dead flag
+IN_FLIGHT = 2  # batches launched and not yet settled: the one computing and the one queued behind it
 
 
 class BatchFailed(Exception):
@@ -107,10 +115,12 @@ class Pipeline:
         label: Callable[[Entry], str],
         on_death: Callable[[BaseException], None],
         warm_up: Callable[[], Any] | None = None,
+        inline: bool = False,
     ) -> None:
         self.runner, self.waiting, self.former, self.metrics = runner, waiting, former, metrics
         self._warm_up = warm_up  # run first on the worker thread (per-thread handles, allocator growth)
         self.warmed = threading.Event()  # set once the worker's warm-up ended, however it ended
+        self.inline = inline
         self._resolve, self._label, self._on_death = resolve, label, on_death
         self._handoff: queue.Queue[Any] = queue.Queue(maxsize=1)  # a _Batch or _STOP
         # One credit: the prep thread forms batch N+1 only once the worker has started batch N.
@@ -126,6 +136,12 @@ class Pipeline:
         self._prep = threading.Thread(target=self._supervise, args=(self._prep_loop,), name="rs-prep", daemon=True)
         self._worker = threading.Thread(target=self._supervise, args=(self._worker_loop,), name="rs-worker",
                                         daemon=True)
+        self._handed_lock = threading.Lock()
+        self._handed = 0  # batches handed to the worker and not yet finished by it
+        # Pending outputs (an accelerator) settle on their own thread, so the worker only launches.
+        self._in_flight = threading.Semaphore(IN_FLIGHT)
+        self._settler = Settler(finish=self._finish, fail=self._copy_failed, supervise=self._supervise,
+                                dead=self._dead, poll_s=_POLL_S)
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self) -> None:
@@ -135,15 +151,17 @@ class Pipeline:
 
     @property
     def alive(self) -> bool:
-        return self._prep.is_alive() and self._worker.is_alive() and not self._dead.is_set()
+        settler_ok = self._settler.thread is None or self._settler.thread.is_alive()
+        return self._prep.is_alive() and self._worker.is_alive() and settler_ok and not self._dead.is_set()
 
     def join(self, timeout: float) -> bool:
-        """Wait for both threads to exit (the queue must be closed first); True if they did."""
+        """Wait for the threads to exit (the queue must be closed first); True if they did."""
         deadline = time.monotonic() + timeout
-        for t in (self._prep, self._worker):
+        threads = [t for t in (self._prep, self._worker, self._settler.thread) if t is not None]
+        for t in threads:
             if t.is_alive():
                 t.join(max(0.0, deadline - time.monotonic()))
-        return not (self._prep.is_alive() or self._worker.is_alive())
+        return not any(t.is_alive() for t in threads)
 
     @property
     def idle_ratio(self) -> float:
@@ -171,11 +189,25 @@ class Pipeline:
             self._prep_busy.set()
             if error is not None:
                 self._fail(batch, "form", error)
-            handed = error is None and self._prepare(batch) and self._hand_over(batch)
+            prepared = error is None and self._prepare(batch)
+            if prepared and self._lone():
+                self._prep_busy.clear()
+                self._execute(batch)  # frees the slot as it starts
+                continue
+            handed = prepared and self._hand_over(batch)
             self._prep_busy.clear()
             if not handed:
                 self._slot.release()  # else the worker frees it when it starts this batch
         self._put(_STOP)
+
+    def _lone(self) -> bool:
+        """Run this batch here rather than hand it over? Only with ``inline``, when the worker
+        holds no batch and nothing else waits: then the hand-over would buy no overlap, only a
+        thread wake-up (a lone request at an idle CPU pipeline)."""
+        if not self.inline or self.waiting.size:
+            return False
+        with self._handed_lock:
+            return self._handed == 0
 
     def _form(self) -> tuple[_Batch, Exception | None] | None:
         """The next batch, taken off the queue; None once the queue is closed and drained.
@@ -227,8 +259,10 @@ class Pipeline:
 
     def _hand_over(self, batch: _Batch) -> bool:
         try:
+            self._count_handed(+1)
             if self._put(batch):
                 return True
+            self._count_handed(-1)
             self._resolve_all(batch, WorkerDead, "the model worker is not running")
         except Exception as exc:  # noqa: BLE001 - fails this batch only
             self._fail(batch, "hand over", exc)
@@ -255,7 +289,15 @@ class Pipeline:
         finally:
             self.warmed.set()
         while (batch := self._take()) is not _STOP:
-            self._execute(batch)
+            try:
+                self._execute(batch)
+            finally:
+                self._count_handed(-1)
+        self._settler.stop()
+
+    def _count_handed(self, delta: int) -> None:
+        with self._handed_lock:
+            self._handed += delta
 
     def _take(self) -> Any:
         """The next handed-over batch (or _STOP); waiting while work exists counts as idle."""
@@ -282,16 +324,32 @@ class Pipeline:
             self.metrics.worker_idle_ratio.set(self.idle_ratio)
 
     def _execute(self, batch: _Batch) -> None:
-        """runner.run on the prepared batch, then deliver its outputs; a failure fails this batch."""
+        """runner.run on the prepared batch, then deliver its outputs; a failure fails this batch.
+
+        A ``PendingOutput`` (the copy to the host still under way) goes to the settling thread,
+        which delivers it; at most IN_FLIGHT batches are launched and not yet settled."""
+        while not self._in_flight.acquire(timeout=_POLL_S):
+            if self._dead.is_set():
+                self._resolve_all(batch, WorkerDead, "the model worker is not running")
+                return
         batch.forward_start = time.monotonic()
         self._slot.release()  # the prep thread may form the next batch while this one runs
         try:
             out = self.runner.run(batch.prepared)
         except Exception as exc:  # noqa: BLE001 - fails this batch only
             batch.forward_end = time.monotonic()
+            self._in_flight.release()
             self._fail(batch, "run", exc)
             return
+        if isinstance(out, PendingOutput):
+            self._settler.submit(batch, out)
+            return
+        self._finish(batch, out)
+
+    def _finish(self, batch: _Batch, out: Any) -> None:
+        """The forward's output is on the host: deliver it, free its in-flight place."""
         batch.forward_end = time.monotonic()
+        self._in_flight.release()
         try:
             self._deliver(batch, out)
         except Exception as exc:  # noqa: BLE001 - fails this batch only
@@ -307,8 +365,14 @@ class Pipeline:
         forward_s = batch.forward_end - batch.forward_start
         if self.metrics is not None:
             self.metrics.forward_duration.observe(forward_s)
-        for e, value, cost in zip(batch.entries, values, computed):
-            self._resolve(e, (value, batch.forward_start - e.arrival, forward_s, int(cost)), None)
+        start = batch.forward_start
+        self._resolve([(e, (value, start - e.arrival, forward_s, int(cost)), None)
+                       for e, value, cost in zip(batch.entries, values, computed)])
+
+    def _copy_failed(self, batch: _Batch, exc: Exception) -> None:
+        batch.forward_end = time.monotonic()
+        self._in_flight.release()
+        self._fail(batch, "copy to host", exc)
 
     # -- either thread --------------------------------------------------------------------------
     def _fail(self, batch: _Batch, stage: str, exc: Exception) -> None:
@@ -333,5 +397,5 @@ class Pipeline:
         self._resolve_all(batch, BatchFailed, "the model failed on this batch")
 
     def _resolve_all(self, batch: _Batch, error: type[Exception], message: str) -> None:
-        for e in batch.entries:  # NOTE: one exception object per entry: each is raised in its own task
-            self._resolve(e, None, error(message))
+        # NOTE: one exception object per entry: each may be raised in its own task.
+        self._resolve([(e, None, error(message)) for e in batch.entries])

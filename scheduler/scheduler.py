@@ -1,9 +1,11 @@
 """The Scheduler: the asyncio-facing front of the batching pipeline.
 
 ``submit`` runs on the event loop: it enqueues one entry per item (one request's items
-contiguous) and awaits one future per item; the pipeline resolves them (``_resolve``, any thread)
-through ``loop.call_soon_threadsafe``. Invariant: every future handed out is resolved exactly
-once, by a result, BatchFailed, WorkerDead, or its own cancellation. The runner is any
+contiguous) and awaits one future per request; the pipeline reports a batch's outcomes at once
+(``_resolve``, any thread), posted to each loop with one ``loop.call_soon_threadsafe`` and
+recorded there (``_settle``), so the loop's work per batch is one callback, not one per item.
+Invariant: every request's future is resolved exactly once, by its outputs, the first error of
+one of its items (BatchFailed, WorkerDead), or its own cancellation. The runner is any
 ``ModelRunner`` (scheduler/contract.py).
 
 Client disconnects: cancellation is the mechanism. When the task awaiting ``submit`` is
@@ -41,27 +43,27 @@ class SubmitResult:
 
 
 class _Ticket:
-    """Per-item bookkeeping carried in ``Entry.payload``; hashable by identity."""
+    """One request's bookkeeping, carried in each of its entries' ``payload`` as (ticket, item).
 
-    __slots__ = ("future", "loop", "label")
+    Written only on the request's own loop (``_settle``), so it needs no lock."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, label: str) -> None:
+    __slots__ = ("future", "loop", "label", "outputs", "left", "queue_s", "inference_s", "compute")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, label: str, n_items: int) -> None:
         self.loop, self.label = loop, label
         self.future: asyncio.Future = loop.create_future()
+        self.outputs: list = [None] * n_items
+        self.left = n_items
+        self.queue_s = self.inference_s = 0.0
+        self.compute = 0
 
 
 def _ticket(entry: Entry) -> _Ticket:
-    return cast(_Ticket, entry.payload)  # the scheduler alone makes entries, each with its ticket
+    return cast(_Ticket, entry.payload[0])  # type: ignore[index]  # the scheduler alone makes entries
 
 
-def _resolve_future(fut: asyncio.Future, value: Any, exc: BaseException | None) -> None:
-    """On the future's own loop: set its outcome unless it is done (cancelled by the client side)."""
-    if fut.done():
-        return
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(value)
+# One entry's outcome as the pipeline reports it: (entry, (output, queue s, forward s, tokens), error).
+Outcome = tuple[Entry, Any, BaseException | None]
 
 
 class Scheduler:
@@ -78,7 +80,11 @@ class Scheduler:
         prefix_policy: PrefixPolicy | None = None,
         on_death: Callable[[BaseException], None] | None = None,
         warm_up: Callable[[], Any] | None = None,
+        inline: bool | None = None,
     ) -> None:
+        """``inline``: a lone batch at an idle pipeline runs on the prep thread (no hand-over);
+        None: on a CPU runner (a runner without ``device`` counts as one), where a forward is
+        synchronous and the hand-over buys nothing; an accelerator keeps forwards on the worker."""
         if max_batch_tokens < 1:
             raise ValueError("max_batch_tokens must be >= 1")
         if max_batch_requests is not None and max_batch_requests < 1:
@@ -97,10 +103,11 @@ class Scheduler:
         former = make_former(policy, max_tokens=max_batch_tokens, max_requests=max_batch_requests, prefix=prefix_policy)
         self._pipeline = Pipeline(
             runner, self._waiting, former, metrics=metrics,
-            resolve=lambda e, value, exc: self._resolve(_ticket(e), value, exc),
+            resolve=self._resolve,
             label=lambda e: _ticket(e).label,
             on_death=self._on_death,
             warm_up=warm_up,
+            inline=_on_cpu(runner) if inline is None else inline,
         )
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -123,8 +130,8 @@ class Scheduler:
         """Stop accepting; with ``drain`` finish queued work, else fail it with WorkerDead."""
         with self._lock:
             self._accepting = False
-        for e in self._waiting.close(clear=not drain):
-            self._resolve(_ticket(e), None, WorkerDead("the server is shutting down"))
+        dropped = self._waiting.close(clear=not drain)
+        self._resolve([(e, None, WorkerDead("the server is shutting down")) for e in dropped])
         if self._started:
             self._pipeline.join(timeout)
 
@@ -137,14 +144,40 @@ class Scheduler:
     def queue_size(self) -> int:
         return self._waiting.size
 
-    # -- resolving an item's future (any thread) ------------------------------------------------
-    def _resolve(self, ticket: _Ticket, value: Any, exc: BaseException | None) -> None:
+    # -- settling requests (any thread -> each request's loop) --------------------------------
+    def _resolve(self, outcomes: list[Outcome]) -> None:
+        """Post a batch's outcomes to their loops: one ``call_soon_threadsafe`` per loop, not per item."""
+        by_loop: dict[asyncio.AbstractEventLoop, list[Outcome]] = {}
+        for o in outcomes:
+            by_loop.setdefault(_ticket(o[0]).loop, []).append(o)
+        for loop, part in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(self._settle, part)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                pass
+
+    def _settle(self, outcomes: list[Outcome]) -> None:
+        """On the loop: record each item's outcome; a request ends at its first error or last item."""
+        for entry, value, exc in outcomes:
+            t = _ticket(entry)
+            if t.future.done():
+                continue  # failed already, or cancelled by the client side
+            if exc is not None:
+                self._finish(t)
+                t.future.set_exception(exc)
+                continue
+            output, queue_s, inference_s, cost = value
+            t.outputs[entry.payload[1]] = output  # type: ignore[index]
+            t.queue_s, t.inference_s = max(t.queue_s, queue_s), max(t.inference_s, inference_s)
+            t.compute += cost
+            t.left -= 1
+            if t.left == 0:
+                self._finish(t)
+                t.future.set_result(SubmitResult(t.outputs, t.queue_s, t.inference_s, t.compute))
+
+    def _finish(self, ticket: _Ticket) -> None:
         with self._lock:
             self._pending.discard(ticket)
-        try:
-            ticket.loop.call_soon_threadsafe(_resolve_future, ticket.future, value, exc)
-        except RuntimeError:  # the loop is closed: nobody is waiting any more
-            pass
 
     def _on_death(self, exc: BaseException) -> None:
         with self._lock:
@@ -154,24 +187,25 @@ class Scheduler:
             tickets = list(self._pending)
             self._pending.clear()
         self._waiting.close(clear=True)  # its entries' tickets are among the pending ones
+        by_loop: dict[asyncio.AbstractEventLoop, list[_Ticket]] = {}
         for t in tickets:
-            self._resolve(t, None, WorkerDead("the model worker is not running"))
+            by_loop.setdefault(t.loop, []).append(t)
+        for loop, group in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_fail_all, group, "the model worker is not running")
+            except RuntimeError:
+                pass
         if self._on_death_cb is not None:
             try:
                 self._on_death_cb(exc)
             except Exception:  # noqa: BLE001 - the callback must not mask the death
                 log.exception("the scheduler's on_death callback failed")
 
-    def _cancel(self, tickets: list[_Ticket]) -> None:
-        for t in tickets:
-            if not t.future.done():
-                t.future.cancel()
-            elif not t.future.cancelled():
-                t.future.exception()  # mark retrieved: no "never retrieved" noise
-        gone = set(tickets)
-        with self._lock:
-            self._pending.difference_update(gone)
-        self._waiting.discard(lambda e: e.payload in gone)
+    def _cancel(self, ticket: _Ticket) -> None:
+        if not ticket.future.done():
+            ticket.future.cancel()
+        self._finish(ticket)
+        self._waiting.discard(lambda e: e.payload[0] is ticket)  # type: ignore[index]
 
     # -- the event-loop side --------------------------------------------------------------------
     async def submit(
@@ -191,11 +225,11 @@ class Scheduler:
                 raise ValueError(f"item {i} has {len(ids)} tokens; allowed 1..{self.max_batch_tokens}")
         loop = asyncio.get_running_loop()
         rid = next(self._request_ids)
-        label = request_id if request_id is not None else f"#{rid}"
+        ticket = _Ticket(loop, request_id if request_id is not None else f"#{rid}", len(items))
         now = time.monotonic()
-        tickets = [_Ticket(loop, label) for _ in items]
-        entries = [Entry(rid, list(ids), now, payload=t, all_tokens=all_tokens, namespace=namespace)
-                   for ids, t in zip(items, tickets)]
+        # NOTE: the item lists are kept, not copied: the caller hands them over.
+        entries = [Entry(rid, ids, now, payload=(ticket, i), all_tokens=all_tokens, namespace=namespace)
+                   for i, ids in enumerate(items)]
         with self._lock:
             if not (self._accepting and self._pipeline.alive):
                 raise WorkerDead("the model worker is not running")
@@ -203,20 +237,21 @@ class Scheduler:
                 self._waiting.push(entries)
             except QueueClosed:
                 raise WorkerDead("the server is shutting down") from None
-            self._pending.update(tickets)
-        futures = [t.future for t in tickets]
+            self._pending.add(ticket)
         try:
-            await asyncio.wait(futures, return_when=asyncio.FIRST_EXCEPTION)
-            for f in futures:  # the first failure in item order; all done when none failed
-                if f.done() and (exc := f.exception()) is not None:
-                    raise exc
+            return await ticket.future
         except BaseException:  # failure or cancellation: drop what is still queued
-            self._cancel(tickets)
+            self._cancel(ticket)
             raise
-        results = [f.result() for f in futures]
-        return SubmitResult(
-            outputs=[r[0] for r in results],
-            queue_time_s=max(r[1] for r in results),
-            inference_time_s=max(r[2] for r in results),
-            compute_tokens=sum(r[3] for r in results),
-        )
+
+
+def _on_cpu(runner: ModelRunner) -> bool:
+    device = getattr(runner, "device", None)
+    return device is None or getattr(device, "type", str(device)) == "cpu"
+
+
+def _fail_all(tickets: list[_Ticket], message: str) -> None:
+    """On the loop: end every still-open request of ``tickets`` with WorkerDead."""
+    for t in tickets:
+        if not t.future.done():
+            t.future.set_exception(WorkerDead(message))

@@ -47,7 +47,7 @@ def max_input_length(config: ServerConfig, runner: ServedRunner) -> int:
 def load_runner(config: ServerConfig) -> ServedRunner:
     import models
 
-    return models.load_runner(
+    runner = models.load_runner(
         config.model_id,
         revision=config.revision,
         device=config.device,
@@ -60,6 +60,8 @@ def load_runner(config: ServerConfig) -> ServedRunner:
         keep_dense_weights=False,  # serving needs no gradients: one copy of the weights
         max_batch_tokens=config.max_batch_tokens,  # a CUDA `auto` prefix cache is sized after such a batch
     )
+    runner.defer_copies = True  # on CUDA the scheduler waits for the outputs' copies on its own thread
+    return runner
 
 
 def build_scheduler(config: ServerConfig, runner: ServedRunner, metrics: Metrics, *,
@@ -102,6 +104,7 @@ def build_service(config: ServerConfig, runner: ServedRunner, scheduler: ServedS
             max_client_batch_size=config.max_client_batch_size,
             auto_truncate=config.auto_truncate,
             max_display_tokens=config.max_batch_tokens,
+            max_embed_all_floats=config.max_embed_all_floats,
         ),
         permits=Permits(config.max_concurrent_requests),
         default_prompt_name=config.default_prompt_name,

@@ -60,6 +60,8 @@ class ServerConfig:
         4096, "permits, one per input item; none left: immediate 429 (must be >= --max-client-batch-size; "
         "when that is not given, it follows the permits below 2048)", minimum=1)
     max_client_batch_size: int = option(2048, "inputs per HTTP request", minimum=1)
+    max_embed_all_floats: int = option(
+        4_194_304, "floats one /embed_all answer may hold (its tokens x the hidden size); more: 422", minimum=1)
     max_input_length: int | None = option(None, "tokens per input (default: the model's max positions)", minimum=1)
     auto_truncate: bool = option(True, "truncate over-long inputs when a request does not say")
     tokenization_workers: int | None = option(

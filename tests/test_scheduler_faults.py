@@ -152,7 +152,8 @@ def test_a_dead_thread_calls_on_death_once_and_fails_everything(where, monkeypat
             await sched.submit([[1, 2]])
         return outcomes
 
-    sched, outcomes = run_async(runner, go, max_batch_requests=1, on_death=deaths.append)
+    # inline=False: the first batch must run on the worker while the prep thread dies.
+    sched, outcomes = run_async(runner, go, max_batch_requests=1, on_death=deaths.append, inline=False)
     assert len(deaths) == 1 and isinstance(deaths[0], Boom)
     assert not sched.alive
     if where == "worker":  # the batch before ran; the one that killed it and all behind it failed

@@ -226,3 +226,30 @@ def test_otlp_without_its_packages_starts_and_says_so(monkeypatch, caplog):
         assert tracing.instrument(app, endpoint="http://otel:4317", service_name="s") is app
     assert "tracing is off" in caplog.text and "radixserve[otlp]" in caplog.text
     assert tracing.instrument(app, endpoint=None, service_name="s") is app
+
+
+def test_the_switch_interval_is_set_at_start_and_logged(caplog):
+    cli = server_cli
+    before = sys.getswitchinterval()
+    caplog.set_level(logging.INFO, logger=cli.log.name)
+    try:
+        cli.tune_switch_interval()
+        assert sys.getswitchinterval() == pytest.approx(cli.SWITCH_INTERVAL_S)
+    finally:
+        sys.setswitchinterval(before)
+    (line,) = [r.getMessage() for r in caplog.records if "switch interval" in r.getMessage()]
+    assert f"{cli.SWITCH_INTERVAL_S * 1e3:.2f} ms" in line and f"default {before * 1e3:.2f} ms" in line
+
+
+def test_start_up_objects_are_frozen_out_of_garbage_collection(caplog):
+    import gc
+
+    caplog.set_level(logging.INFO, logger=server_cli.log.name)
+    try:
+        server_cli.freeze_startup_objects()
+        frozen = gc.get_freeze_count()
+        assert frozen > 1000  # this test process's modules and objects at least
+    finally:
+        gc.unfreeze()
+    (line,) = [r.getMessage() for r in caplog.records if "out of garbage collection" in r.getMessage()]
+    assert line.startswith(f"froze {frozen} start-up objects")

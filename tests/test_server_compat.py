@@ -266,3 +266,20 @@ def test_compat_bodies_are_bounded(tiny_embedding_dir):
         assert bad.status_code == 422 and bad.json()["error_type"] == "Validation"
     finally:
         srv.stop()
+
+
+def test_embed_all_answer_is_bounded_by_max_embed_all_floats(emb_srv, tiny_embedding_dir):
+    one = post(emb_srv, "/embed_all", {"inputs": TEXTS[:1]}).json()  # [1, L, E]
+    floats = len(one[0]) * len(one[0][0])
+    srv = serve(tiny_embedding_dir, max_embed_all_floats=floats)
+    try:
+        r = post(srv, "/embed_all", {"inputs": TEXTS[:1]})  # exactly at the limit
+        assert r.status_code == 200 and np.asarray(r.json()).shape == np.asarray(one).shape
+        r = post(srv, "/embed_all", {"inputs": TEXTS[:2]})
+        assert r.status_code == 422, r.text
+        assert r.json()["error_type"] == "Validation"
+        message = r.json()["error"]
+        assert f"maximum of {floats} (--max-embed-all-floats)" in message and "raise the limit" in message
+        assert httpx.get(srv.url + "/health").status_code == 200
+    finally:
+        srv.stop()

@@ -17,12 +17,12 @@ quantized types are refused with a 422 that says so.
 """
 from __future__ import annotations
 
-import base64
 import uuid
 from enum import Enum
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+import orjson
+
+from fastapi import APIRouter, Request, Response
 
 from models import prompts
 from server.http.bodies import openapi_body, parse_body
@@ -31,6 +31,7 @@ from server.routes.schemas import CohereRerankRequest, CohereRerankResponse
 from server.routes.schemas_compat import (CohereEmbedRequest, CohereEmbedResponse, CohereV2RerankRequest,
                                           CohereV2RerankResponse)
 from server.service.core import Call, Service
+from server.service.encoding import RECORD_VALUES, base64_rows, dumps, float_array, json_answer, render
 from server.service.results import Embeddings, Usage, ranked
 
 SUPPORTED_TYPES = ("float", "base64")
@@ -72,14 +73,16 @@ def _meta(version: str, **billed) -> dict:
 
 
 def by_type(result: Embeddings, types: list[str] | None) -> dict:
-    """v1 without embedding_types answers the plain float list; otherwise embeddings by type."""
+    """v1 without embedding_types answers the plain float list; otherwise embeddings by type.
+
+    Float arrays come encoded (``orjson.Fragment``): the caller renders with ``encoding.dumps``."""
     if types is None:
-        return {"response_type": "embeddings_floats", "embeddings": result.vectors.tolist()}
+        return {"response_type": "embeddings_floats", "embeddings": orjson.Fragment(float_array(result.vectors))}
     embeddings: dict = {}
     if "float" in types:
-        embeddings["float"] = result.vectors.tolist()
+        embeddings["float"] = orjson.Fragment(float_array(result.vectors))
     if "base64" in types:
-        embeddings["base64"] = [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in result.vectors]
+        embeddings["base64"] = base64_rows(result.vectors)
     return {"response_type": "embeddings_by_type", "embeddings": embeddings}
 
 
@@ -91,7 +94,7 @@ class CohereRoutes:
         self.model_name = model_name
         self.max_items = service.limits.max_client_batch_size
 
-    async def embed(self, request: Request, *, version: str) -> JSONResponse:
+    async def embed(self, request: Request, *, version: str) -> Response:
         service = self.service
         call = service.begin(f"cohere_embed_v{version}")
         service.require("embedding", request.url.path)
@@ -109,15 +112,18 @@ class CohereRoutes:
         truncate, direction = TRUNCATE[body.truncate] if body.truncate else (service.truncate(None), "right")
         result = await service.embed(request, call, texts, prompt=prompt, truncate=truncate, direction=direction,
                                      dimensions=body.output_dimension, normalize=True)
-        payload: dict = {"id": str(uuid.uuid4()), "texts": texts,
-                         "meta": _meta(version, input_tokens=result.usage.tokens), **by_type(result, types)}
-        return JSONResponse(payload, headers=result.usage.headers())
+        meta = _meta(version, input_tokens=result.usage.tokens)
 
-    async def embed_v1(self, request: Request) -> JSONResponse:
+        def build() -> bytes:
+            return dumps({"id": str(uuid.uuid4()), "texts": texts, "meta": meta, **by_type(result, types)})
+
+        return json_answer(await render(build, weight=result.vectors.size), result.usage.headers())
+
+    async def embed_v1(self, request: Request) -> Response:
         """Cohere v1 embed: texts, input_type, embedding_types (float/base64), output_dimension."""
         return await self.embed(request, version="1")
 
-    async def embed_v2(self, request: Request) -> JSONResponse:
+    async def embed_v2(self, request: Request) -> Response:
         """Cohere v2 embed: as v1, answering embeddings by type (float unless embedding_types says)."""
         return await self.embed(request, version="2")
 
@@ -130,34 +136,44 @@ class CohereRoutes:
             request, call, query, documents, instruction=prompts.DEFAULT_INSTRUCTION,
             truncate=self.service.truncate(None), direction="right",
         )
-        scores = result.relevance()
-        return ranked(scores), scores, result.usage
 
-    async def rerank_v1(self, request: Request) -> JSONResponse:
+        def rank() -> tuple[list[int], list[float], Usage]:
+            scores = result.relevance()
+            return ranked(scores), scores, result.usage
+
+        return await render(rank, weight=RECORD_VALUES * len(documents))
+
+    async def rerank_v1(self, request: Request) -> Response:
         """Cohere/Jina rerank: query + documents ([str] or [{text}]) -> {model, results, usage}."""
         call = self.service.begin("cohere_rerank")
         self.service.require("reranker", "/v1/rerank")
         body = await parse_body(request, CohereRerankRequest, max_items=self.max_items)
         texts = [d if isinstance(d, str) else d.text for d in body.documents]
         order, scores, usage = await self.relevance(request, call, body.query, texts)
-        results = []
-        for i in order[: body.top_n]:
-            item: dict = {"index": i, "relevance_score": scores[i]}
-            if body.return_documents:
-                item["document"] = {"text": texts[i]}
-            results.append(item)
-        payload = {"model": self.model_name, "results": results, "usage": {"total_tokens": usage.tokens}}
-        return JSONResponse(payload, headers=usage.headers())
 
-    async def rerank_v2(self, request: Request) -> JSONResponse:
+        def build() -> bytes:
+            results = []
+            for i in order[: body.top_n]:
+                item: dict = {"index": i, "relevance_score": scores[i]}
+                if body.return_documents:
+                    item["document"] = {"text": texts[i]}
+                results.append(item)
+            return dumps({"model": self.model_name, "results": results, "usage": {"total_tokens": usage.tokens}})
+
+        return json_answer(await render(build, weight=RECORD_VALUES * len(texts)), usage.headers())
+
+    async def rerank_v2(self, request: Request) -> Response:
         """Cohere v2 rerank: query + documents -> {id, results[{index, relevance_score}], meta}."""
         call = self.service.begin("cohere_rerank_v2")
         self.service.require("reranker", "/v2/rerank")
         body = await parse_body(request, CohereV2RerankRequest, max_items=self.max_items)
         order, scores, usage = await self.relevance(request, call, body.query, body.documents)
-        results = [{"index": i, "relevance_score": scores[i]} for i in order[: body.top_n]]
-        payload = {"id": str(uuid.uuid4()), "results": results, "meta": _meta("2", search_units=1)}
-        return JSONResponse(payload, headers=usage.headers())
+
+        def build() -> bytes:
+            results = [{"index": i, "relevance_score": scores[i]} for i in order[: body.top_n]]
+            return dumps({"id": str(uuid.uuid4()), "results": results, "meta": _meta("2", search_units=1)})
+
+        return json_answer(await render(build, weight=RECORD_VALUES * len(order)), usage.headers())
 
 
 def build_router(service: Service, *, model_name: str) -> APIRouter:

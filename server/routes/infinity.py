@@ -17,13 +17,13 @@ import time
 import uuid
 from enum import Enum
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Request, Response
 
 from models import prompts
 from server.http.bodies import openapi_body, parse_body
 from server.routes.schemas_compat import InfinityRerankRequest, InfinityRerankResponse
 from server.service.core import Service
+from server.service.encoding import RECORD_VALUES, dumps, json_answer, render
 from server.service.results import ranked
 
 PREFIX = "/infinity"
@@ -37,7 +37,7 @@ class InfinityRoutes:
         self.model_name = model_name
         self.max_items = service.limits.max_client_batch_size
 
-    async def rerank(self, request: Request) -> JSONResponse:
+    async def rerank(self, request: Request) -> Response:
         """Infinity rerank: query + documents -> {object, results[{relevance_score, index, document?}], ...}."""
         service = self.service
         call = service.begin("infinity_rerank")
@@ -47,18 +47,21 @@ class InfinityRoutes:
         service.check_inputs(len(texts), empty=body.query == "", what="documents")
         result = await service.rerank(request, call, body.query, texts, instruction=prompts.DEFAULT_INSTRUCTION,
                                       truncate=service.truncate(None), direction="right")
-        scores = result.raw if body.raw_scores else result.relevance()
-        results = []
-        for i in ranked(scores)[: body.top_n]:
-            item: dict = {"relevance_score": scores[i], "index": i}
-            if body.return_documents:
-                item["document"] = texts[i]
-            results.append(item)
-        tokens = result.usage.tokens
-        payload = {"object": "rerank", "results": results, "model": self.model_name,
-                   "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-                   "id": f"infinity-{uuid.uuid4()}", "created": int(time.time())}
-        return JSONResponse(payload, headers=result.usage.headers())
+
+        def build() -> bytes:
+            scores = result.raw if body.raw_scores else result.relevance()
+            results = []
+            for i in ranked(scores)[: body.top_n]:
+                item: dict = {"relevance_score": scores[i], "index": i}
+                if body.return_documents:
+                    item["document"] = texts[i]
+                results.append(item)
+            tokens = result.usage.tokens
+            return dumps({"object": "rerank", "results": results, "model": self.model_name,
+                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+                          "id": f"infinity-{uuid.uuid4()}", "created": int(time.time())})
+
+        return json_answer(await render(build, weight=RECORD_VALUES * len(texts)), result.usage.headers())
 
 
 def build_router(service: Service, *, model_name: str) -> APIRouter:

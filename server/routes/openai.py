@@ -8,17 +8,16 @@ error shape (``NotFoundError`` in the SDK).
 """
 from __future__ import annotations
 
-import base64
 import time
 
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter, Request, Response
 
 from server.http.bodies import openapi_body, parse_body
 from server.http.errors import ApiError
 from server.routes.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
 from server.routes.schemas_compat import OpenAIModel, OpenAIModelList
 from server.service.core import Service
+from server.service.encoding import base64_rows, dumps, float_records, json_answer, render, with_array
 from server.service.results import Embeddings
 
 
@@ -39,7 +38,7 @@ class OpenAIRoutes:
         self.model_name = model_name
         self.model = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "radixserve"}
 
-    async def openai_embeddings(self, request: Request) -> JSONResponse:
+    async def openai_embeddings(self, request: Request) -> Response:
         """OpenAI embeddings: input str | [str] | [int] | [[int]] -> list object."""
         service = self.service
         call = service.begin("openai_embeddings")
@@ -57,22 +56,24 @@ class OpenAIRoutes:
         else:
             result = await service.embed_ids(request, call, raw, truncate=truncate, dimensions=body.dimensions,
                                              normalize=True)
-        return JSONResponse(self.render(result, encoding_format=body.encoding_format),
-                            headers=result.usage.headers())
+        content = await render(lambda: self.render(result, encoding_format=body.encoding_format),
+                               weight=result.vectors.size)
+        return json_answer(content, result.usage.headers())
 
-    def render(self, result: Embeddings, *, encoding_format: str) -> dict:
+    def render(self, result: Embeddings, *, encoding_format: str) -> bytes:
+        """The list object's JSON bytes (off the loop for a big answer: see the route)."""
         vectors = result.vectors
+
+        def record(i: int, embedding) -> dict:
+            return {"object": "embedding", "embedding": embedding, "index": i}
+
         if encoding_format == "base64":
-            data: list = [base64.b64encode(v.astype("<f4").tobytes()).decode("ascii") for v in vectors]
+            data = dumps([record(i, e) for i, e in enumerate(base64_rows(vectors))])
         else:
-            data = vectors.tolist()
+            data = float_records(vectors, record)
         tokens = result.usage.tokens
-        return {
-            "object": "list",
-            "data": [{"object": "embedding", "embedding": e, "index": i} for i, e in enumerate(data)],
-            "model": self.model_name,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-        }
+        return with_array({"object": "list", "data": None, "model": self.model_name,
+                           "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}, "data", data)
 
     async def list_models(self) -> dict:
         """The one served model."""

@@ -19,14 +19,11 @@ request may hold at most as many tokens as one /tokenize answer (max_batch_token
 """
 from __future__ import annotations
 
-import asyncio
-import json
 import time
 import uuid
 from typing import Union, cast
 
 from fastapi import APIRouter, Request, Response
-from fastapi.responses import JSONResponse
 
 from models import prompts
 from server.http.bodies import openapi_body, parse_body
@@ -35,6 +32,7 @@ from server.routes.schemas import EmbedRequest, Rank, RerankRequest, SimpleToken
 from server.routes.schemas_compat import (DecodeRequest, DocumentsRerankRequest, DocumentsRerankResponse, EmbedAllRequest,
                                           SimilarityRequest)
 from server.service.core import Call, Service
+from server.service.encoding import RECORD_VALUES, dumps, float_array, json_answer, ragged_array, render
 from server.service.results import ranked
 
 DISPATCHED = ("/", "/invocations")
@@ -72,7 +70,7 @@ class TeiRoutes:
         self.max_items = service.limits.max_client_batch_size
 
     # -- answers shared by a route and the dispatch ----------------------------------------------
-    async def answer_embed(self, request: Request, body: EmbedRequest, call: Call) -> JSONResponse:
+    async def answer_embed(self, request: Request, body: EmbedRequest, call: Call) -> Response:
         service = self.service
         texts = texts_of(body.inputs)
         service.check_inputs(len(texts), empty=any(t == "" for t in texts))
@@ -82,9 +80,10 @@ class TeiRoutes:
             request, call, texts, prompt=prompt, truncate=service.truncate(body.truncate),
             direction=body.truncation_direction, dimensions=body.dimensions, normalize=body.normalize,
         )
-        return JSONResponse(result.vectors.tolist(), headers=result.usage.headers())
+        vectors = result.vectors
+        return json_answer(await render(lambda: float_array(vectors), weight=vectors.size), result.usage.headers())
 
-    async def answer_rerank(self, request: Request, body: RerankRequest, call: Call) -> JSONResponse:
+    async def answer_rerank(self, request: Request, body: RerankRequest, call: Call) -> Response:
         service = self.service
         service.check_inputs(len(body.texts), empty=body.query == "", what="texts")
         result = await service.rerank(
@@ -92,16 +91,20 @@ class TeiRoutes:
             direction=body.truncation_direction,
             instruction=body.instruction if body.instruction is not None else prompts.DEFAULT_INSTRUCTION,
         )
-        scores = result.raw if body.raw_scores else result.relevance()
-        out = []
-        for i in ranked(scores):
-            item: dict = {"index": i, "score": scores[i]}
-            if body.return_text:
-                item["text"] = body.texts[i]
-            out.append(item)
-        return JSONResponse(out, headers=result.usage.headers())
 
-    async def answer_documents(self, request: Request, body: DocumentsRerankRequest, call: Call) -> JSONResponse:
+        def build() -> bytes:
+            scores = result.raw if body.raw_scores else result.relevance()
+            out = []
+            for i in ranked(scores):
+                item: dict = {"index": i, "score": scores[i]}
+                if body.return_text:
+                    item["text"] = body.texts[i]
+                out.append(item)
+            return dumps(out)
+
+        return json_answer(await render(build, weight=RECORD_VALUES * len(body.texts)), result.usage.headers())
+
+    async def answer_documents(self, request: Request, body: DocumentsRerankRequest, call: Call) -> Response:
         """/rerank given ``documents``: vLLM's answer (Jina's and Cohere v1's results), cut to top_n."""
         service = self.service
         texts = [d if isinstance(d, str) else d.text for d in body.documents]
@@ -110,19 +113,22 @@ class TeiRoutes:
             request, call, body.query, texts, truncate=service.truncate(None), direction="right",
             instruction=body.instruction if body.instruction is not None else prompts.DEFAULT_INSTRUCTION,
         )
-        scores = result.relevance()
-        results = []
-        for i in ranked(scores)[: body.top_n]:
-            item: dict = {"index": i, "relevance_score": scores[i]}
-            if body.return_documents is not False:
-                item["document"] = {"text": texts[i]}
-            results.append(item)
-        tokens = result.usage.tokens
-        payload = {"id": f"rerank-{uuid.uuid4().hex}", "model": self.model_name, "results": results,
-                   "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
-        return JSONResponse(payload, headers=result.usage.headers())
 
-    async def answer_any_rerank(self, request: Request, call: Call) -> JSONResponse:
+        def build() -> bytes:
+            scores = result.relevance()
+            results = []
+            for i in ranked(scores)[: body.top_n]:
+                item: dict = {"index": i, "relevance_score": scores[i]}
+                if body.return_documents is not False:
+                    item["document"] = {"text": texts[i]}
+                results.append(item)
+            tokens = result.usage.tokens
+            return dumps({"id": f"rerank-{uuid.uuid4().hex}", "model": self.model_name, "results": results,
+                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+        return json_answer(await render(build, weight=RECORD_VALUES * len(texts)), result.usage.headers())
+
+    async def answer_any_rerank(self, request: Request, call: Call) -> Response:
         """/rerank's body in either shape, answered in that shape's dialect."""
         # NOTE: ``pick`` may choose DocumentsRerankRequest; parse_body's typing knows one model only.
         body = await parse_body(request, RerankRequest, max_items=self.max_items,
@@ -131,7 +137,7 @@ class TeiRoutes:
             return await self.answer_documents(request, body, call)
         return await self.answer_rerank(request, body, call)
 
-    async def answer_similarity(self, request: Request, body: SimilarityRequest, call: Call) -> JSONResponse:
+    async def answer_similarity(self, request: Request, body: SimilarityRequest, call: Call) -> Response:
         service = self.service
         params = body.parameters
         texts = [body.inputs.source_sentence, *body.inputs.sentences]
@@ -143,23 +149,24 @@ class TeiRoutes:
             request, call, texts, prompt=prompt, truncate=service.truncate(params.truncate if params else None),
             direction=params.truncation_direction if params else "right",
         )
-        return JSONResponse(result.values, headers=result.usage.headers())
+        values = result.values
+        return json_answer(await render(lambda: dumps(values), weight=len(values)), result.usage.headers())
 
     # -- routes ---------------------------------------------------------------------------------
-    async def embed(self, request: Request) -> JSONResponse:
+    async def embed(self, request: Request) -> Response:
         """TEI embeddings: inputs str or [str] -> [[float]]."""
         call = self.service.begin("embed")
         self.service.require("embedding", "/embed")
         body = await parse_body(request, EmbedRequest, max_items=self.max_items)
         return await self.answer_embed(request, body, call)
 
-    async def rerank(self, request: Request) -> JSONResponse:
+    async def rerank(self, request: Request) -> Response:
         """TEI rerank: query + texts -> [{index, score, text?}] by score, descending."""
         call = self.service.begin("rerank")
         self.service.require("reranker", "/rerank")
         return await self.answer_any_rerank(request, call)
 
-    async def similarity(self, request: Request) -> JSONResponse:
+    async def similarity(self, request: Request) -> Response:
         """Cosine similarity of source_sentence with each of sentences, from our embeddings."""
         call = self.service.begin("similarity")
         self.service.require("embedding", "/similarity")
@@ -194,9 +201,9 @@ class TeiRoutes:
             request, call, texts, prompt=prompt, truncate=service.truncate(body.truncate),
             direction=body.truncation_direction,
         )
-        # NOTE: L*E floats per input: render the JSON off the event loop.
-        content = await asyncio.to_thread(lambda: json.dumps([s.tolist() for s in result.states]).encode())
-        return Response(content, media_type="application/json", headers=result.usage.headers())
+        states = result.states
+        return json_answer(await render(lambda: ragged_array(states), weight=sum(s.size for s in states)),
+                           result.usage.headers())
 
     async def tokenize(self, request: Request) -> Response:
         """Tokens with char offsets into the (prompt + input) string; at most max_batch_tokens
@@ -209,12 +216,13 @@ class TeiRoutes:
                                           add_special_tokens=body.add_special_tokens)
         return Response(out, media_type="application/json")
 
-    async def decode(self, request: Request) -> JSONResponse:
+    async def decode(self, request: Request) -> Response:
         """Token ids -> text, one string per id list."""
         self.service.begin("decode")
         body = await parse_body(request, DecodeRequest, max_items=self.max_items)
         texts = await self.service.decode(id_lists(body.ids), skip_special_tokens=body.skip_special_tokens)
-        return JSONResponse(texts)
+        weight = RECORD_VALUES * len(texts) + sum(map(len, texts)) // 8  # ~8 characters cost one float
+        return json_answer(await render(lambda: dumps(texts), weight=weight))
 
     async def not_served(self, request: Request) -> Response:
         """TEI's routes for model kinds this server does not run: a 400 that names the route to use."""

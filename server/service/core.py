@@ -27,6 +27,7 @@ from server.http import cache_salt
 from server.http.errors import ApiError, ClientGone, internal_message
 from server.http.request_id import request_id
 from server.service.contract import ServedRunner, ServedScheduler
+from server.service.encoding import render
 from server.service.permits import Permits
 from server.service.results import (Embeddings, Scores, Similarities, TokenStates, Usage, cosines,
                                     shape_vectors)
@@ -43,6 +44,7 @@ class Limits:
     max_client_batch_size: int
     auto_truncate: bool
     max_display_tokens: int = 16384  # tokens one /tokenize or /embed_all answer may hold (= max_batch_tokens)
+    max_embed_all_floats: int = 4_194_304  # floats one /embed_all answer may hold (tokens x hidden size)
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,7 @@ class Service:
             return await self.tok.embedding_inputs(texts, prompt=prompt, truncate=truncate, direction=direction)
 
         outputs, usage = await self._infer(request, call, len(texts), encode)
-        return Embeddings(shape_vectors(outputs, dimensions=dimensions, normalize=normalize), usage)
+        return await self._shaped(outputs, usage, dimensions=dimensions, normalize=normalize)
 
     async def embed_ids(self, request: Request, call: Call, ids: Sequence[Sequence[int]], *, truncate: bool,
                         dimensions: int | None, normalize: bool) -> Embeddings:
@@ -152,7 +154,13 @@ class Service:
             return checked
 
         outputs, usage = await self._infer(request, call, len(checked), encode)
-        return Embeddings(shape_vectors(outputs, dimensions=dimensions, normalize=normalize), usage)
+        return await self._shaped(outputs, usage, dimensions=dimensions, normalize=normalize)
+
+    async def _shaped(self, outputs: list, usage: Usage, *, dimensions: int | None, normalize: bool) -> Embeddings:
+        """Pooled outputs -> Embeddings (off the loop when the answer is big)."""
+        vectors = await render(lambda: shape_vectors(outputs, dimensions=dimensions, normalize=normalize),
+                               weight=len(outputs) * self.runner.hidden_size)
+        return Embeddings(vectors, usage)
 
     async def rerank(self, request: Request, call: Call, query: str, texts: Sequence[str], *, instruction: str,
                      truncate: bool, direction: str) -> Scores:
@@ -174,18 +182,26 @@ class Service:
             return await self.tok.embedding_inputs(texts, prompt=prompt, truncate=truncate, direction=direction)
 
         outputs, usage = await self._infer(request, call, len(texts), encode)
-        return Similarities(cosines(outputs), usage)
+        values = await render(lambda: cosines(outputs), weight=len(outputs) * self.runner.hidden_size)
+        return Similarities(values, usage)
 
     async def embed_all(self, request: Request, call: Call, texts: Sequence[str], *, prompt: str, truncate: bool,
                         direction: str) -> TokenStates:
-        """Every token's final hidden state; at most ``max_display_tokens`` tokens per request (422)."""
-        cap = self.limits.max_display_tokens
+        """Every token's final hidden state; at most ``max_display_tokens`` tokens and
+        ``max_embed_all_floats`` output floats per request (422 naming the limit)."""
+        cap, width, floats = self.limits.max_display_tokens, self.runner.hidden_size, self.limits.max_embed_all_floats
 
         async def encode() -> Items:
             items = await self.tok.embedding_inputs(texts, prompt=prompt, truncate=truncate, direction=direction)
             n = sum(map(len, items))
             if n > cap:  # the answer holds E floats per token
                 raise ApiError("validation", f"{n} tokens in one /embed_all request, more than the maximum of {cap}")
+            if n * width > floats:
+                raise ApiError(
+                    "validation",
+                    f"{n} tokens x {width} floats = {n * width} floats in one /embed_all answer, more than the "
+                    f"maximum of {floats} (--max-embed-all-floats); send fewer or shorter inputs, or raise the limit",
+                )
             return items
 
         outputs, usage = await self._infer(request, call, len(texts), encode, all_tokens=True)
@@ -239,9 +255,9 @@ class Service:
     async def _submit(self, request: Request, items: Items, *, all_tokens: bool) -> SubmitResult:
         """Await the scheduler; cancel the entries when the client goes away first."""
         rid = request_id(request)
-        work = asyncio.ensure_future(
-            self.scheduler.submit([list(i) for i in items], request_id=rid, all_tokens=all_tokens,
-                                  namespace=cache_salt.namespace(request)))
+        # NOTE: the item lists are fresh (the tokenizer's or check_token_ids'): handed over uncopied.
+        work = asyncio.ensure_future(self.scheduler.submit(items, request_id=rid, all_tokens=all_tokens,
+                                                           namespace=cache_salt.namespace(request)))
         gone = asyncio.ensure_future(_disconnected(request))
         try:
             done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
