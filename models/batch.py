@@ -19,6 +19,7 @@ from torch import Tensor
 
 from models.attention import AttnMeta, make_meta, to_device
 from models.prefix_cache import Lease, PrefixCache
+from models.tree_attention import TreeAttention
 
 MODES = ("off", "paper", "compact")
 
@@ -40,6 +41,10 @@ class ForwardBatch:
     mean_weights: Tensor | None  # [B, T] sparse COO: multiplicity / length (mean pooling)
     cache: CacheIO | None = None  # pool reads/writes of this batch (compact mode with a cache)
     cached_tokens: tuple[int, ...] = ()  # [B] tokens of each sequence read from the cache
+    # compact mode: kv_index on the host (the tree-attention planner reads it), and the batch's
+    # tree plan when one is attached (models/tree_attention.py; None: per-owner key gather)
+    kv_host: np.ndarray | None = None
+    tree: TreeAttention | None = None
 
     @property
     def num_rows(self) -> int:
@@ -161,7 +166,7 @@ def build_forward_batch(input_ids, cu_seqlens, index=None, *, mode: str = "compa
         mode=mode, input_ids=dev(row_ids), positions=dev(positions), attn=attn, num_seqs=b,
         num_tokens=n, seq_lens=tuple(int(x) for x in lens), last_rows=dev(last),
         first_rows=dev(first), scatter=dev(scatter), gather=dev(gather), kv_index=dev(kv_index),
-        mean_weights=weights,
+        mean_weights=weights, kv_host=kv_index,
     )
 
 
@@ -248,7 +253,7 @@ def _build_cached(ids: np.ndarray, cu: np.ndarray, index, cache: PrefixCache, le
         attn=make_meta(cu_q, cu_k, device), num_seqs=b, num_tokens=n,
         seq_lens=tuple(int(x) for x in lens), last_rows=dev(last), first_rows=dev(first),
         scatter=None, gather=None, kv_index=dev(kv_index), mean_weights=None,
-        cache=io, cached_tokens=tuple(int(x) for x in hits),
+        cache=io, cached_tokens=tuple(int(x) for x in hits), kv_host=kv_index,
     )
 
 
