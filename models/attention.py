@@ -129,7 +129,7 @@ def split_prefix(q: Tensor, k: Tensor, v: Tensor, prefix: int, *, scale: float) 
     the two partials are merged exactly by their log-sum-exp. Memory O(rows x keys-per-tile)."""
     o1, lse1 = block_lse(q, k[:, :, :prefix], v[:, :, :prefix], causal=False, scale=scale)
     o2, lse2 = block_lse(q, k[:, :, prefix:], v[:, :, prefix:], causal=True, scale=scale)
-    return merge_two(o1, lse1, o2, lse2)  # [g, H, lq, D]
+    return merge_two(o1, lse1, o2, lse2)[0]  # [g, H, lq, D]
 
 
 def to_device(t: Tensor, device: torch.device) -> Tensor:

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from models.attention import to_device
-from models.attention_lse import block_lse, merge_into
+from models.attention_lse import block_lse, merge_into, merge_two
 
 log = logging.getLogger(__name__)
 
@@ -154,7 +154,8 @@ def plan_tree(cu_q, cu_k, kv_index, *, own_offset: int, heads: int, kv_heads: in
     else:  # one fused call, against two calls, the gathers and the merge (about 8 launches)
         flat = call + elem * 2 * kv_heads * head_dim * int(lk.sum())
         tree = call * (8 if m else 1) + elem * (width * m * 5 + 2 * kv_heads * head_dim * int((k1 - k0).sum()))
-    if not force and tree > flat:
+    # NOTE: with nothing shared the two paths run the same causal calls; the flat one is kept.
+    if not force and (tree > flat or not m):
         return None
 
     def dev(a: np.ndarray, dtype=torch.int64) -> Tensor:
@@ -191,17 +192,22 @@ def tree_cpu(q: Tensor, k: Tensor, v: Tensor, plan: TreePlan, *, scale: float) -
         outs.append(o.transpose(1, 2).reshape(count * n, heads, dim))
         lses.append(lse.transpose(1, 2).reshape(count * n, heads))
     out = outs[0] if len(outs) == 1 else torch.cat(outs)  # [Tq, H, D]
-    if plan.part_rows is None:
+    if not plan.shared:
         return out
+    out = out.to(torch.promote_types(out.dtype, torch.float32))  # the running merge's accumulator
     lse = lses[0] if len(lses) == 1 else torch.cat(lses)  # [Tq, H]
-    parts, parts_lse = [], []
-    for c in plan.shared:
+    for c in plan.shared:  # a call's rows are distinct: merged in place, a slice when contiguous
         qs = q[c.q0:c.q1] if c.q_index is None else q.index_select(0, c.q_index)  # [nq, H, D]
         o, l_ = block_lse(qs.transpose(0, 1)[None], k[c.k0:c.k1].transpose(0, 1)[None],
                           v[c.k0:c.k1].transpose(0, 1)[None], causal=False, scale=scale)
-        parts.append(o[0].transpose(0, 1))  # [nq, H, D]
-        parts_lse.append(l_[0].transpose(0, 1))  # [nq, H]
-    return merge_into(out, lse, torch.cat(parts), torch.cat(parts_lse), plan.part_rows)
+        o, l_ = o[0].transpose(0, 1), l_[0].transpose(0, 1)  # [nq, H, D], [nq, H]
+        if c.q_index is None:
+            out[c.q0:c.q1], lse[c.q0:c.q1] = merge_two(out[c.q0:c.q1], lse[c.q0:c.q1], o, l_)
+        else:
+            merged, new_lse = merge_two(out.index_select(0, c.q_index), lse.index_select(0, c.q_index), o, l_)
+            out.index_put_((c.q_index,), merged)
+            lse.index_put_((c.q_index,), new_lse)
+    return out.to(q.dtype)
 
 
 LseFn = Callable[..., tuple[Tensor, Tensor]]

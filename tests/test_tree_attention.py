@@ -99,18 +99,19 @@ def test_merge_handles_rows_with_several_partials():
         assert (got[r] - want).abs().max().item() < 1e-5
 
 
-def test_auto_choice_prefers_the_tree_when_prefixes_are_shared_or_nothing_is():
-    """Nothing shared: no shared calls, and no per-owner gather, so the tree path is not dearer;
-    a long shared prefix: read once instead of once per reader. Many tiny segments: flat."""
+def test_auto_choice():
+    """A long shared prefix: the tree (read once instead of once per reader). Nothing shared:
+    flat (the same causal calls either way). Many one-row segments: flat (a call per segment)."""
     rng = np.random.default_rng(0)
     shape = dict(heads=16, kv_heads=8, head_dim=128, device="cpu")
     prefix = rng.integers(100, 5000, 512).tolist()
-    for seqs in ([rng.integers(100, 5000, 64).tolist() for _ in range(8)],
-                 [prefix + rng.integers(100, 5000, 32).tolist() for _ in range(8)]):
-        fb = _compact(seqs)
-        plan = plan_tree(fb.attn.host_cu_seqlens_q, fb.attn.host_cu_seqlens_k, fb.kv_host,
-                         own_offset=0, **shape)
-        assert plan is not None and plan.estimate[0] <= plan.estimate[1]
+    fb = _compact([prefix + rng.integers(100, 5000, 32).tolist() for _ in range(8)])
+    plan = plan_tree(fb.attn.host_cu_seqlens_q, fb.attn.host_cu_seqlens_k, fb.kv_host,
+                     own_offset=0, **shape)
+    assert plan is not None and plan.estimate[0] <= plan.estimate[1] and len(plan.shared) == 1
+    fb = _compact([rng.integers(100, 5000, 64).tolist() for _ in range(8)])
+    assert plan_tree(fb.attn.host_cu_seqlens_q, fb.attn.host_cu_seqlens_k, fb.kv_host,
+                     own_offset=0, **shape) is None
     # a binary trie of depth 7: each of 128 owners reads 7 segments of one row
     deep = [[int(c) for c in np.binary_repr(i, 7)] + [2] for i in range(128)]
     fb = _compact(deep)
@@ -231,3 +232,24 @@ def test_cuda_tree_path_passes_its_probe_and_matches(dtype):
                   scale=1 / math.sqrt(128))
     want = naive(q, k[fb.kv_host], v[fb.kv_host], list(cu_q), cu_k=list(cu_k), scale=1 / math.sqrt(128))
     assert (got.double().cpu() - want).abs().max().item() < 2e-2
+
+
+def test_pair_budget_counts_what_the_encoder_builds(tiny_reranker_dir):
+    """pair_tokens equals the encoder's own pair lengths (capped at max_length); over the limit,
+    a 422-ready ValueError names the limit and the flag that raises it."""
+    from models.pair_budget import PairBudgetExceeded, check_pair_budget, pair_tokens
+    from models.prompts import DEFAULT_INSTRUCTION, RerankTemplate, format_rerank_body
+
+    runner = load_runner(str(tiny_reranker_dir), device="cpu", dtype="float32", prefix_cache_size=0)
+    enc = RerankTemplate(runner.tokenizer)
+    query, docs = "capital of france " * 20, ["Paris is the capital.", "Berlin " * 200, "x"]
+    pairs = enc.encode(query, docs, max_length=300, truncate=True)
+    body = format_rerank_body(DEFAULT_INSTRUCTION, query, "")[:-1]  # the shared part of every body
+    shared = len(runner.tokenizer.encode(body, add_special_tokens=False).ids)
+    own = [len(runner.tokenizer.encode(" " + d, add_special_tokens=False).ids) for d in docs]
+    total = pair_tokens(overhead=enc.overhead, shared=shared, documents=own, max_length=300)
+    assert total == sum(len(p) for p in pairs)
+    check_pair_budget(total, documents=3, limit=total)
+    check_pair_budget(total, documents=3, limit=0)  # 0: no limit
+    with pytest.raises(PairBudgetExceeded, match=r"limit of %d \(--max-rerank-pair-tokens\)" % (total - 1)):
+        check_pair_budget(total, documents=3, limit=total - 1)

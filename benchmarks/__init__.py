@@ -1,0 +1,1 @@
+"""Developer micro-benchmarks that import models/ directly and print figures (never assert)."""
