@@ -6,7 +6,8 @@
 
 Invariant: the two paths run the same prepared batches in one process, alternating call by call
 (flat, tree, flat, tree, ...), so a shared machine's load hits both alike; the figures are
-medians, nothing is asserted. The model is the Qwen3-0.6B layer shape with `--layers` layers
+medians of the process's CPU time (time.process_time: on a machine shared with other jobs, wall
+time mostly measures the waiting), nothing is asserted. The model is the Qwen3-0.6B layer shape with `--layers` layers
 (random weights, models.fixtures): a per-layer ratio, not the 28-layer latency. `long` runs each
 case in its own process (peak RSS is per process).
 """
@@ -52,11 +53,11 @@ def alternate(runners: dict[str, Runner], seqs, rounds: int) -> dict[str, dict]:
     info = {}
     for r in range(rounds + 1):  # round 0 warms both up and is not counted
         for name, runner in runners.items():
-            t0 = time.perf_counter()
+            t0 = time.process_time()
             prepared = runner.prepare(ids, cu)
-            t1 = time.perf_counter()
+            t1 = time.process_time()
             runner.run(prepared)
-            t2 = time.perf_counter()
+            t2 = time.process_time()
             if r:
                 preps[name].append((t1 - t0) * 1e3)
                 times[name].append((t2 - t1) * 1e3)
@@ -64,6 +65,27 @@ def alternate(runners: dict[str, Runner], seqs, rounds: int) -> dict[str, dict]:
                           "keys_mib": _keys_mib(runner, prepared), "rows": prepared.n_compact}
     return {n: {"ms": statistics.median(times[n]), "prepare_ms": statistics.median(preps[n]),
                 **info[n]} for n in runners}
+
+
+def attention_alone(runners: dict[str, Runner], seqs, rounds: int) -> dict[str, float]:
+    """{name: median ms} of layer 0's attention alone (random q/k/v in the model's head shapes,
+    q and k as strided views of one fused tensor, as the layer passes them), alternating."""
+    ids, cu = _pack(seqs)
+    attn = next(iter(runners.values())).model.layers[0].self_attn
+    batches = {n: r.prepare(ids, cu).forward for n, r in runners.items()}
+    rows = next(iter(batches.values())).num_rows
+    qkv = torch.randn(rows, attn.heads + 2 * attn.kv_heads, attn.head_dim)  # [T, H+2Hkv, D]
+    q, k = qkv[:, :attn.heads], qkv[:, attn.heads:attn.heads + attn.kv_heads]
+    v = qkv[:, attn.heads + attn.kv_heads:]
+    times: dict[str, list[float]] = {n: [] for n in runners}
+    with torch.inference_mode():
+        for r in range(rounds + 1):
+            for name, fb in batches.items():
+                t0 = time.process_time()
+                attn.attend(q, k, v, fb)
+                if r:
+                    times[name].append((time.process_time() - t0) * 1e3)
+    return {n: statistics.median(t) for n, t in times.items()}
 
 
 def _pair(model: str, layers: int, kind: str | None = None) -> dict[str, Runner]:
@@ -74,14 +96,16 @@ def _pair(model: str, layers: int, kind: str | None = None) -> dict[str, Runner]
             "tree": dataclasses.replace(base, tree_attention="auto")}
 
 
-def _row(label: str, res: dict) -> str:
+def _row(label: str, res: dict, alone: dict[str, float]) -> str:
     f, t = res["flat"], res["tree"]
-    return (f"| {label} | {f['rows']} | {f['ms']:.0f} | {t['ms']:.0f} | {f['ms'] / t['ms']:.2f}x | "
-            f"{'tree' if t['tree'] else 'flat'} | {f['keys_mib']:.0f} | {t['keys_mib']:.0f} |")
+    return (f"| {label} | {f['rows']} | {'tree' if t['tree'] else 'flat'} | {f['ms']:.0f} | "
+            f"{t['ms']:.0f} | {f['ms'] / t['ms']:.2f}x | {alone['flat']:.1f} | {alone['tree']:.1f} | "
+            f"{alone['flat'] / alone['tree']:.2f}x | {f['keys_mib']:.0f} | {t['keys_mib']:.0f} |")
 
 
-HEADER = ("| shape | compact rows | flat ms | tree (auto) ms | speed-up | auto chose | "
-          "flat keys MiB/layer | tree keys MiB/layer |\n|---|---|---|---|---|---|---|---|")
+HEADER = ("| shape | compact rows | auto chose | forward flat ms | forward tree ms | speed-up | "
+          "attention flat ms | attention tree ms | speed-up | keys gathered flat MiB/layer | "
+          "tree MiB/layer |\n|---|---|---|---|---|---|---|---|---|---|---|")
 
 
 def forward(args) -> None:
@@ -91,7 +115,9 @@ def forward(args) -> None:
     for p in (0, 512, 2048):
         prefix = rng.integers(100, 5000, p).tolist()
         seqs = [prefix + rng.integers(100, 5000, 128).tolist() for _ in range(16)]
-        print(_row(f"B=16 P={p} S=128", alternate(runners, seqs, args.rounds)), flush=True)
+        res = alternate(runners, seqs, args.rounds)
+        alone = attention_alone(runners, seqs, 2 * args.rounds + 1)
+        print(_row(f"B=16 P={p} S=128", res, alone), flush=True)
 
 
 def rerank(args) -> None:
@@ -110,7 +136,9 @@ def rerank(args) -> None:
             seqs = [head + query + rng.integers(100, 5000, int(rng.integers(50, 101))).tolist() + tail
                     for _ in range(n)]
             rounds = max(1, args.rounds if lq * n < 100_000 else args.rounds // 2)
-            print(_row(f"query {lq}, {n} passages", alternate(runners, seqs, rounds)), flush=True)
+            res = alternate(runners, seqs, rounds)
+            alone = attention_alone(runners, seqs, 2 * rounds + 1)
+            print(_row(f"query {lq}, {n} passages", res, alone), flush=True)
 
 
 def _long_case(size: str, tree: str, layers: int) -> None:
@@ -121,9 +149,9 @@ def _long_case(size: str, tree: str, layers: int) -> None:
     head = rng.integers(100, 5000, 20).tolist()
     runner.run(runner.prepare(*_pack([head + rng.integers(100, 5000, 12).tolist()])))
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t0 = time.perf_counter()
+    t0 = time.process_time()
     runner.run(runner.prepare(*_pack([head + rng.integers(100, 5000, 16384 - 20).tolist()])))
-    dt = time.perf_counter() - t0
+    dt = time.process_time() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(f"| cache {size}, tree {tree} | {dt:.1f} | +{(peak - base) / 1024:.0f} |", flush=True)
 

@@ -10,6 +10,8 @@ build time shows it implements exactly that alignment (models/attention_select.p
 The two portable paths here run on any device:
 - ``sdpa_varlen``: one SDPA call per run of equal-shape sequences (views, no copies). Fastest on
   CPU; on a GPU a compact batch, where owners rarely share (lq, lk), is one small launch each.
+  On the CPU an owner with lq < lk builds no [lq, lk] mask: its keys are split into the prefix
+  (no mask) and its own block (causal), merged by log-sum-exp (``split_prefix``).
 - ``sdpa_padded``: sequences padded into a few [b, H, Lq, Lk] batches with bool masks built once
   per batch on the host (``AttnMeta.padded``): one SDPA call per layer in the common case.
 """

@@ -24,7 +24,7 @@ from tokenizers import Tokenizer
 
 import kernels
 from models.attention import to_device
-from models.attention_select import TreeBackend, select_backend, select_tree
+from models.attention_select import select_backend
 from models.batch import ForwardBatch, build_forward_batch
 from models.config import ModelConfig
 from models.linear import pack_linears
@@ -34,6 +34,7 @@ from models.prefix_cache import BLOCK_TOKENS, DEFAULT_SIZE, PrefixCache, bytes_p
 from models.qwen3 import Kernels, Qwen3Model
 from models.radix import build_index, positions_from_cu_seqlens
 from models.tree_attention import POLICIES as TREE_POLICIES, attach_tree
+from models.tree_select import TreeBackend, select_tree
 
 KINDS = ("embedding", "reranker")
 RADIX_ATTENTION = ("compact", "paper")

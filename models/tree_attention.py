@@ -224,6 +224,7 @@ def tree_varlen(lse_fn: LseFn) -> TreeFn:
                           causal=True, scale=scale)
         if plan.part_rows is None:
             return out
+        assert plan.shared_k_index is not None  # built with part_rows
         qs = q.index_select(0, plan.part_rows)  # [M, H, D]
         ks = k.index_select(0, plan.shared_k_index)  # [K, Hkv, D]: each segment once
         vs = v.index_select(0, plan.shared_k_index)

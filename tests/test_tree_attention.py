@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import models.attention as attention
 from models.attention_lse import merge_into
-from models.attention_select import select_tree
+from models.tree_select import select_tree
 from models.batch import build_forward_batch
 from models.radix import build_index, positions_from_cu_seqlens
 from models.runner import load_runner
