@@ -29,14 +29,14 @@ class PairBudgetExceeded(ValueError):
         self.tokens, self.documents, self.limit = tokens, documents, limit
 
 
-def pair_tokens(*, overhead: int, shared: int, documents: Sequence[int], max_length: int) -> int:
-    """Tokens of all pairs: per document min(overhead + shared + its own tokens, max_length).
+def pair_tokens(*, overhead: int, bodies: Sequence[int], max_length: int) -> int:
+    """Tokens of all pairs: per pair min(overhead + its body's tokens, max_length).
 
-    overhead: the template's tokens around the body; shared: the body's instruction and query
-    part; documents: each document's own tokens.
+    overhead: the template's tokens around the body (prefix + suffix); bodies: each pair's body
+    (instruction, query and document) before any cut. A body over the budget is cut to it with
+    truncation, or refused without; either way no pair holds more than max_length tokens.
     """
-    head = overhead + shared
-    return sum(min(head + d, max_length) for d in documents)
+    return sum(min(overhead + b, max_length) for b in bodies)
 
 
 def check_pair_budget(tokens: int, *, documents: int, limit: int) -> None:

@@ -247,7 +247,7 @@ def test_pair_budget_counts_what_the_encoder_builds(tiny_reranker_dir):
     body = format_rerank_body(DEFAULT_INSTRUCTION, query, "")[:-1]  # the shared part of every body
     shared = len(runner.tokenizer.encode(body, add_special_tokens=False).ids)
     own = [len(runner.tokenizer.encode(" " + d, add_special_tokens=False).ids) for d in docs]
-    total = pair_tokens(overhead=enc.overhead, shared=shared, documents=own, max_length=300)
+    total = pair_tokens(overhead=enc.overhead, bodies=[shared + n for n in own], max_length=300)
     assert total == sum(len(p) for p in pairs)
     check_pair_budget(total, documents=3, limit=total)
     check_pair_budget(total, documents=3, limit=0)  # 0: no limit
