@@ -161,7 +161,7 @@ def long(args) -> None:
     for _ in range(args.rounds):
         for size, tree in (("auto", "auto"), ("0", "auto"), ("auto", "off")):
             subprocess.run([sys.executable, "-m", "benchmarks.bench_tree", "_long", size, tree,
-                            "--layers", str(args.layers)], check=True)
+                            "--layers", str(args.layers), "--threads", str(args.threads)], check=True)
 
 
 def main(argv=None) -> None:
