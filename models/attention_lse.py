@@ -50,13 +50,23 @@ def _acc(t: Tensor) -> torch.dtype:
 
 def merge_two(o1: Tensor, lse1: Tensor, o2: Tensor, lse2: Tensor) -> tuple[Tensor, Tensor]:
     """Exact merge of two partials over disjoint key sets: o [..., L, D], lse [..., L] ->
-    (out in o1's dtype, its lse). NOTE: the weights are exp(lse_i - max), so nothing overflows."""
+    (out in o1's dtype, its lse). NOTE: the weights are exp(lse_i - max), so nothing overflows;
+    out = o1 + (o2 - o1) * w2 / (w1 + w2) is one pass (lerp)."""
     m = torch.maximum(lse1, lse2)
     w1, w2 = (lse1 - m).exp(), (lse2 - m).exp()
     total = w1 + w2
     acc = _acc(o1)
-    out = o1.to(acc) * (w1 / total).unsqueeze(-1) + o2.to(acc) * (w2 / total).unsqueeze(-1)
+    out = torch.lerp(o1.to(acc), o2.to(acc), (w2 / total).unsqueeze(-1))
     return out.to(o1.dtype), m + total.log()
+
+
+def merge_two_(o1: Tensor, lse1: Tensor, o2: Tensor, lse2: Tensor) -> None:
+    """merge_two in place into (o1, lse1), e.g. slices of a running accumulator (o1's dtype)."""
+    m = torch.maximum(lse1, lse2)
+    w1, w2 = (lse1 - m).exp(), (lse2 - m).exp()
+    total = w1 + w2
+    o1.lerp_(o2.to(o1.dtype), (w2 / total).unsqueeze(-1))
+    lse1.copy_(m + total.log())
 
 
 def merge_into(out: Tensor, lse: Tensor, parts: Tensor, parts_lse: Tensor, rows: Tensor) -> Tensor:

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from models.attention import to_device
-from models.attention_lse import block_lse, merge_into, merge_two
+from models.attention_lse import block_lse, merge_into, merge_two, merge_two_
 
 log = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ def tree_cpu(q: Tensor, k: Tensor, v: Tensor, plan: TreePlan, *, scale: float) -
                           v[c.k0:c.k1].transpose(0, 1)[None], causal=False, scale=scale)
         o, l_ = o[0].transpose(0, 1), l_[0].transpose(0, 1)  # [nq, H, D], [nq, H]
         if c.q_index is None:
-            out[c.q0:c.q1], lse[c.q0:c.q1] = merge_two(out[c.q0:c.q1], lse[c.q0:c.q1], o, l_)
+            merge_two_(out[c.q0:c.q1], lse[c.q0:c.q1], o, l_)
         else:
             merged, new_lse = merge_two(out.index_select(0, c.q_index), lse.index_select(0, c.q_index), o, l_)
             out.index_put_((c.q_index,), merged)
