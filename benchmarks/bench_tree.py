@@ -3,6 +3,7 @@
     python -m benchmarks.bench_tree forward [--layers 2] [--rounds 5]   # B=16, P in 0/512/2048, S=128
     python -m benchmarks.bench_tree rerank  [--layers 2] [--rounds 3]   # 1 query, 10/64 passages
     python -m benchmarks.bench_tree long    [--layers 2]                # 16k tokens: cache hit vs miss
+    python -m benchmarks.bench_tree _long SIZE TREE [--models-root DIR]  # one case of it
 
 Invariant: the two paths run the same prepared batches in one process, alternating call by call
 (flat, tree, flat, tree, ...), so a shared machine's load hits both alike; the figures are
@@ -20,12 +21,13 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from models import fixtures
-from models.runner import Runner, load_runner
+if TYPE_CHECKING:
+    from models.runner import Runner
 
 
 def _pack(seqs):
@@ -89,6 +91,9 @@ def attention_alone(runners: dict[str, Runner], seqs, rounds: int) -> dict[str, 
 
 
 def _pair(model: str, layers: int, kind: str | None = None) -> dict[str, Runner]:
+    from models import fixtures
+    from models.runner import load_runner
+
     path = fixtures.cached(model, layers=layers, kind=kind)
     base = load_runner(str(path), device="cpu", dtype="float32", prefix_cache_size=0,
                        radix_threshold=1.0)
@@ -142,9 +147,14 @@ def rerank(args) -> None:
 
 
 def _long_case(size: str, tree: str, layers: int) -> None:
-    """One process: a 20-token instruction cached, then a 16,384-token input that shares it."""
+    """One process: a 20-token instruction cached, then a 16,384-token input that shares it.
+    tree "-": the code under test has no tree attention (an older checkout, --models-root)."""
+    from models import fixtures
+    from models.runner import load_runner
+
+    extra = {} if tree == "-" else {"tree_attention": tree}
     runner = load_runner(str(fixtures.cached("qwen3-0.6b", layers=layers)), device="cpu",
-                         dtype="float32", prefix_cache_size=size, tree_attention=tree)
+                         dtype="float32", prefix_cache_size=size, **extra)
     rng = np.random.default_rng(0)
     head = rng.integers(100, 5000, 20).tolist()
     runner.run(runner.prepare(*_pack([head + rng.integers(100, 5000, 12).tolist()])))
@@ -171,7 +181,11 @@ def main(argv=None) -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--models-root", default=None,
+                        help="import models/ from this checkout (e.g. an older commit, for _long)")
     args = parser.parse_args(argv)
+    if args.models_root:
+        sys.path.insert(0, args.models_root)
     torch.set_num_threads(args.threads)
     if args.what == "_long":
         _long_case(*args.args, layers=args.layers)
