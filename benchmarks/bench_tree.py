@@ -21,7 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -73,7 +73,7 @@ def attention_alone(runners: dict[str, Runner], seqs, rounds: int) -> dict[str, 
     """{name: median ms} of layer 0's attention alone (random q/k/v in the model's head shapes,
     q and k as strided views of one fused tensor, as the layer passes them), alternating."""
     ids, cu = _pack(seqs)
-    attn = next(iter(runners.values())).model.layers[0].self_attn
+    attn: Any = next(iter(runners.values())).model.layers[0].self_attn
     batches = {n: r.prepare(ids, cu).forward for n, r in runners.items()}
     rows = next(iter(batches.values())).num_rows
     qkv = torch.randn(rows, attn.heads + 2 * attn.kv_heads, attn.head_dim)  # [T, H+2Hkv, D]
@@ -152,7 +152,7 @@ def _long_case(size: str, tree: str, layers: int) -> None:
     from models import fixtures
     from models.runner import load_runner
 
-    extra = {} if tree == "-" else {"tree_attention": tree}
+    extra: dict[str, Any] = {} if tree == "-" else {"tree_attention": tree}
     runner = load_runner(str(fixtures.cached("qwen3-0.6b", layers=layers)), device="cpu",
                          dtype="float32", prefix_cache_size=size, **extra)
     rng = np.random.default_rng(0)
@@ -188,7 +188,8 @@ def main(argv=None) -> None:
         sys.path.insert(0, args.models_root)
     torch.set_num_threads(args.threads)
     if args.what == "_long":
-        _long_case(*args.args, layers=args.layers)
+        size, tree = args.args
+        _long_case(size, tree, layers=args.layers)
         return
     {"forward": forward, "rerank": rerank, "long": long}[args.what](args)
 

@@ -136,7 +136,7 @@ class Runner:
             mean_pooling=self.kind == "embedding" and self.pooling == "mean",
             cache=self.prefix_cache if use_cache else None,
         )
-        forward = attach_tree(forward, self.tree_attention, self.tree_path and self.tree_path.fn,
+        forward = attach_tree(forward, self.tree_attention, self.tree_path.fn if self.tree_path else None,
                               heads=self.config.num_attention_heads,
                               kv_heads=self.config.num_key_value_heads, head_dim=self.config.head_dim)
         items, rows = (), None
