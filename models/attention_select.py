@@ -214,4 +214,3 @@ def select_backend(device: torch.device | str, *, dtype: torch.dtype, heads: int
         log.warning("attention backend %s rejected on %s %s (H=%d, Hkv=%d, D=%d): %s", name,
                     device, str(dtype).replace("torch.", ""), heads, kv_heads, head_dim, reason)
     return AttentionBackend(CPU_DEFAULT, PORTABLE[CPU_DEFAULT], rejected)
-
