@@ -10,6 +10,8 @@ build time shows it implements exactly that alignment (models/attention_select.p
 The two portable paths here run on any device:
 - ``sdpa_varlen``: one SDPA call per run of equal-shape sequences (views, no copies). Fastest on
   CPU; on a GPU a compact batch, where owners rarely share (lq, lk), is one small launch each.
+  On the CPU an owner with lq < lk builds no [lq, lk] mask: its keys are split into the prefix
+  (no mask) and its own block (causal), merged by log-sum-exp (``split_prefix``).
 - ``sdpa_padded``: sequences padded into a few [b, H, Lq, Lk] batches with bool masks built once
   per batch on the host (``AttnMeta.padded``): one SDPA call per layer in the common case.
 """
@@ -24,6 +26,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from models.attention_lse import block_lse, merge_two, needs_grad
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,9 @@ def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float
     """
     heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
     group = heads // kv_heads
+    # NOTE: on the CPU a compact owner (lq < lk) never gets a dense [lq, lk] mask: its keys are
+    # split at lk - lq (see split_prefix). Autograd, and other devices, take the masked call.
+    split = q.device.type == "cpu" and not needs_grad(q, k, v)
     outs = []
     for q0, k0, count, lq, lk in meta.runs:
         if lq == 0:
@@ -99,6 +106,10 @@ def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float
         qs = q[q0:q0 + count * lq].view(count, lq, heads, dim).transpose(1, 2)  # [g, H, lq, D]
         ks = k[k0:k0 + count * lk].view(count, lk, kv_heads, dim).transpose(1, 2)  # [g, Hkv, lk, D]
         vs = v[k0:k0 + count * lk].view(count, lk, kv_heads, dim).transpose(1, 2)
+        if lq < lk and split:  # prefix keys (no mask) + the diagonal block (causal), merged
+            outs.append(split_prefix(qs, ks, vs, lk - lq, scale=scale)
+                        .transpose(1, 2).reshape(count * lq, heads, dim))  # [g*lq, H, D]
+            continue
         if group > 1:
             # NOTE: enable_gqa drops CPU SDPA to its math path; repeating K/V keeps the fused one.
             ks = ks.repeat_interleave(group, dim=1)  # [g, H, lk, D]
@@ -112,6 +123,15 @@ def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float
     if not outs:  # an empty batch
         return q.new_empty((0, heads, dim))
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+
+
+def split_prefix(q: Tensor, k: Tensor, v: Tensor, prefix: int, *, scale: float) -> Tensor:
+    """Bottom-right causal attention of q [g, H, lq, D] over k/v [g, Hkv, prefix + lq, D] as two
+    blocks: every query sees the first `prefix` keys (no mask), then its own block causally;
+    the two partials are merged exactly by their log-sum-exp. Memory O(rows x keys-per-tile)."""
+    o1, lse1 = block_lse(q, k[:, :, :prefix], v[:, :, :prefix], causal=False, scale=scale)
+    o2, lse2 = block_lse(q, k[:, :, prefix:], v[:, :, prefix:], causal=True, scale=scale)
+    return merge_two(o1, lse1, o2, lse2)[0]  # [g, H, lq, D]
 
 
 def to_device(t: Tensor, device: torch.device) -> Tensor:

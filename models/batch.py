@@ -22,6 +22,7 @@ from models.attention import AttnMeta, make_meta, to_device
 from models.options import RADIX_ATTENTION
 from models.prefix_cache import CacheIO, CachePlan, PrefixCache, cache_refusal, plan_batch
 from models.radix import RadixIndex, identity_index, positions_from_cu_seqlens
+from models.tree_attention import TreeAttention
 
 MODES = ("off",) + RADIX_ATTENTION
 
@@ -43,6 +44,10 @@ class ForwardBatch:
     mean_weights: Tensor | None  # [B, T] sparse COO: multiplicity / length (mean pooling)
     cache: CacheIO | None = None  # pool reads/writes of this batch (compact mode with a cache)
     cached_tokens: tuple[int, ...] = ()  # [B] tokens of each sequence read from the cache
+    # compact mode: kv_index on the host (the tree-attention planner reads it), and the batch's
+    # tree plan when one is attached (models/tree_attention.py; None: per-owner key gather)
+    kv_host: np.ndarray | None = None
+    tree: TreeAttention | None = None
 
     @property
     def num_rows(self) -> int:
@@ -152,6 +157,7 @@ def build_forward_batch(input_ids, cu_seqlens, index: RadixIndex | None = None, 
         seq_lens=tuple(int(x) for x in lens), last_rows=_dev(last, device),
         first_rows=_dev(first, device), scatter=_opt_dev(scatter, device),
         gather=_opt_dev(gather, device), kv_index=_opt_dev(kv_index, device), mean_weights=weights,
+        kv_host=kv_index,
     )
 
 
@@ -199,5 +205,5 @@ def _build_cached(cu: np.ndarray, index: RadixIndex, plan: CachePlan,
         attn=make_meta(cu_q, cu_k, device), num_seqs=b, num_tokens=int(cu[-1]),
         seq_lens=tuple(int(x) for x in lens), last_rows=_dev(last, device),
         first_rows=_dev(first, device), scatter=None, gather=None, kv_index=_dev(kv_index, device),
-        mean_weights=None, cache=plan.io, cached_tokens=tuple(int(x) for x in plan.hits),
+        mean_weights=None, cache=plan.io, cached_tokens=tuple(int(x) for x in plan.hits), kv_host=kv_index,
     )

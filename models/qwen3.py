@@ -23,6 +23,7 @@ from torch import Tensor, nn
 
 from kernels import GatherFn, GatherPairFn
 from models.attention import AttentionBackend
+from models.attention_lse import needs_grad
 from models.batch import ForwardBatch
 from models.config import ModelConfig, rope_inv_freq
 from models.linear import Linear
@@ -127,6 +128,8 @@ class Attention(nn.Module):
         assert batch.kv_index is not None  # every compact batch has one
         if batch.cache is not None:  # keys also come from the pool: [P + N', Hkv, D]
             k, v = batch.cache.extend(self.layer_idx, k, v, ops.gather_rows_pair)
+        if batch.tree is not None and not needs_grad(q, k, v):  # shared prefixes read once
+            return batch.tree(q, k, v, scale=self.scale)
         kc, vc = ops.gather_rows_pair(k, v, batch.kv_index)  # [sum owner lens, Hkv, D]
         return ops.attention(q, kc, vc, batch.attn, scale=self.scale)
 

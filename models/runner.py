@@ -34,6 +34,8 @@ from models.prefix_setup import head_pooling, start_prefix_cache
 from models.qwen3 import AttentionOps, Qwen3Model
 from models import streams
 from models.radix import RadixIndex, build_index, positions_from_cu_seqlens
+from models.tree_attention import POLICIES as TREE_POLICIES, attach_tree
+from models.tree_select import TreeBackend, select_tree
 from models.warmup import warm_up
 
 log = logging.getLogger(__name__)
@@ -85,6 +87,11 @@ class Runner:
     # {backend: why it is not the one running} (start-up log, /info attention_backend_rejected)
     attention_rejected: dict[str, str] = field(default_factory=dict)
     warmup_ms: float | None = None
+    # tree attention for compact batches: "auto" (per batch, by estimated cost), "on", "off";
+    # tree_path is the kernel path chosen at build (None: unavailable, tree_rejected says why)
+    tree_attention: str = "auto"
+    tree_path: TreeBackend | None = None
+    tree_rejected: dict[str, str] = field(default_factory=dict)
     linear: str = "F.linear"  # "onednn-packed" when models.linear packed the weights
     # weights_bytes; on CUDA allocated_bytes and reserved_bytes after load (models.loader.memory_report)
     memory: dict[str, int] = field(default_factory=dict)
@@ -97,7 +104,16 @@ class Runner:
     def attention_report(self) -> dict:
         """Which attention backend runs and why the others do not (for /info and logs)."""
         return {"attention_backend": self.attention_backend,
-                "attention_backend_rejected": dict(self.attention_rejected)}
+                "attention_backend_rejected": dict(self.attention_rejected),
+                "tree_attention": self.tree_report}
+
+    @property
+    def tree_report(self) -> str:
+        """E.g. "auto (cpu-flash)", or "off (...)" with why no path is available."""
+        if self.tree_path is None or self.tree_attention == "off":
+            why = "; ".join(f"{k}: {v}" for k, v in self.tree_rejected.items()) or "off"
+            return f"off ({why})" if self.tree_attention != "off" else "off"
+        return f"{self.tree_attention} ({self.tree_path.name})"
 
     def prepare(self, input_ids, cu_seqlens, *, all_tokens=None, namespaces=None) -> PreparedBatch:
         """Host side: input_ids int [N], cu_seqlens int [B+1] -> everything the forward needs.
@@ -137,6 +153,9 @@ class Runner:
                 cache=self.prefix_cache if self.cache_usable(all_tokens=per_token) else None,
                 namespaces=namespaces,
             )
+            forward = attach_tree(forward, self.tree_attention, self.tree_path.fn if self.tree_path else None,
+                                  heads=self.config.num_attention_heads,
+                                  kv_heads=self.config.num_key_value_heads, head_dim=self.config.head_dim)
             if self.attention_backend == "sdpa-padded":
                 # NOTE: the padded layout (host work, then its copies) is built here on the prep
                 # thread; left to its first use it would run in layer 0 on the worker.
@@ -266,7 +285,8 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
                 radix_attention: str = "compact", pooling: str | None = None,
                 kind: str | None = None, radix_mlp_threshold: float = 0.95,
                 prefix_cache_size: str | int = DEFAULT_SIZE, cpu_packed_weights: bool = True,
-                keep_dense_weights: bool = True, max_batch_tokens: int = 16384) -> Runner:
+                keep_dense_weights: bool = True, max_batch_tokens: int = 16384,
+                tree_attention: str = "auto") -> Runner:
     """Resolve, load and wire up a model for serving (see docs/architecture.md).
 
     prefix_cache_size: "512MiB", "2GB", "8192tokens", a byte count, "auto" or 0 (off); see
@@ -281,6 +301,8 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         raise ValueError(f"radix_attention must be one of {RADIX_ATTENTION}, got {radix_attention!r}")
     if pooling is not None and pooling not in POOLINGS:
         raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
+    if tree_attention not in TREE_POLICIES:
+        raise ValueError(f"tree_attention must be one of {TREE_POLICIES}, got {tree_attention!r}")
     if kind is not None and kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     capacity_tokens(prefix_cache_size, 1)  # a malformed size fails before the weights load
@@ -296,6 +318,10 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     log.info("attention backend %s on %s %s; not used: %s", backend.name, device,
              str(dtype).replace("torch.", ""),
              "; ".join(f"{k} ({v})" for k, v in backend.rejected.items()) or "none")
+    tree_path, tree_rejected = select_tree(device, dtype=dtype, heads=cfg.num_attention_heads,
+                                           kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+    log.info("tree attention %s: %s", tree_attention,
+             tree_path.name if tree_path else "no path (" + "; ".join(f"{k}: {v}" for k, v in tree_rejected.items()) + ")")
     ops = AttentionOps(backend, kernels.get_gather_rows(device), kernels.get_gather_rows_pair(device))
     yes_id = no_id = None
     if kind == "reranker":
@@ -323,6 +349,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         hidden_size=cfg.hidden_size, prompts=prompts, default_prompt_name=default_prompt_name,
         yes_id=yes_id, no_id=no_id, radix_mlp_threshold=radix_mlp_threshold,
         attention_rejected=dict(backend.rejected), linear=linear, memory=memory,
+        tree_attention=tree_attention, tree_path=tree_path, tree_rejected=tree_rejected,
     )
     runner.prefix_cache, runner.prefix_cache_report = start_prefix_cache(runner, prefix_cache_size,
                                                                          max_batch_tokens=max_batch_tokens)

@@ -1,0 +1,198 @@
+"""Tree attention against the flat compact path: forward time and the keys each path materialises.
+
+    python -m benchmarks.bench_tree forward [--layers 2] [--rounds 5]   # B=16, P in 0/512/2048, S=128
+    python -m benchmarks.bench_tree rerank  [--layers 2] [--rounds 3]   # 1 query, 10/64 passages
+    python -m benchmarks.bench_tree long    [--layers 2]                # 16k tokens: cache hit vs miss
+    python -m benchmarks.bench_tree _long SIZE TREE [--models-root DIR]  # one case of it
+
+Invariant: the two paths run the same prepared batches in one process, alternating call by call
+(flat, tree, flat, tree, ...), so a shared machine's load hits both alike; the figures are
+medians of the process's CPU time (time.process_time: on a machine shared with other jobs, wall
+time mostly measures the waiting), nothing is asserted. The model is the Qwen3-0.6B layer shape with `--layers` layers
+(random weights, models.fixtures): a per-layer ratio, not the 28-layer latency. `long` runs each
+case in its own process (peak RSS is per process).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+if TYPE_CHECKING:
+    from models.runner import Runner
+
+
+def _pack(seqs):
+    ids = np.concatenate([np.asarray(s, dtype=np.int32) for s in seqs])
+    cu = np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int32)
+    return ids, cu
+
+
+def _keys_mib(runner: Runner, prepared) -> float:
+    """K/V rows one layer materialises for attention beyond the source rows, in MiB: the flat
+    path gathers every owner's whole path; the tree path gathers none (views of the source)."""
+    fb = prepared.forward
+    if fb.tree is not None:
+        return 0.0
+    cfg = runner.config
+    rows = int(fb.attn.host_cu_seqlens_k[-1])
+    return rows * 2 * cfg.num_key_value_heads * cfg.head_dim * 4 / 2**20
+
+
+def alternate(runners: dict[str, Runner], seqs, rounds: int) -> dict[str, dict]:
+    """{name: {"ms": median forward ms, "prepare_ms": median, "tree": bool, "keys_mib": float}}."""
+    ids, cu = _pack(seqs)
+    times: dict[str, list[float]] = {n: [] for n in runners}
+    preps: dict[str, list[float]] = {n: [] for n in runners}
+    info = {}
+    for r in range(rounds + 1):  # round 0 warms both up and is not counted
+        for name, runner in runners.items():
+            t0 = time.process_time()
+            prepared = runner.prepare(ids, cu)
+            t1 = time.process_time()
+            runner.run(prepared)
+            t2 = time.process_time()
+            if r:
+                preps[name].append((t1 - t0) * 1e3)
+                times[name].append((t2 - t1) * 1e3)
+            info[name] = {"tree": prepared.forward.tree is not None,
+                          "keys_mib": _keys_mib(runner, prepared), "rows": prepared.n_compact}
+    return {n: {"ms": statistics.median(times[n]), "prepare_ms": statistics.median(preps[n]),
+                **info[n]} for n in runners}
+
+
+def attention_alone(runners: dict[str, Runner], seqs, rounds: int) -> dict[str, float]:
+    """{name: median ms} of layer 0's attention alone (random q/k/v in the model's head shapes,
+    q and k as strided views of one fused tensor, as the layer passes them), alternating."""
+    ids, cu = _pack(seqs)
+    attn: Any = next(iter(runners.values())).model.layers[0].self_attn
+    batches = {n: r.prepare(ids, cu).forward for n, r in runners.items()}
+    rows = next(iter(batches.values())).num_rows
+    qkv = torch.randn(rows, attn.heads + 2 * attn.kv_heads, attn.head_dim)  # [T, H+2Hkv, D]
+    q, k = qkv[:, :attn.heads], qkv[:, attn.heads:attn.heads + attn.kv_heads]
+    v = qkv[:, attn.heads + attn.kv_heads:]
+    times: dict[str, list[float]] = {n: [] for n in runners}
+    with torch.inference_mode():
+        for r in range(rounds + 1):
+            for name, fb in batches.items():
+                t0 = time.process_time()
+                attn.attend(q, k, v, fb)
+                if r:
+                    times[name].append((time.process_time() - t0) * 1e3)
+    return {n: statistics.median(t) for n, t in times.items()}
+
+
+def _pair(model: str, layers: int, kind: str | None = None) -> dict[str, Runner]:
+    from models import fixtures
+    from models.runner import load_runner
+
+    path = fixtures.cached(model, layers=layers, kind=kind)
+    base = load_runner(str(path), device="cpu", dtype="float32", prefix_cache_size=0,
+                       radix_mlp_threshold=1.0)
+    return {"flat": dataclasses.replace(base, tree_attention="off"),
+            "tree": dataclasses.replace(base, tree_attention="auto")}
+
+
+def _row(label: str, res: dict, alone: dict[str, float]) -> str:
+    f, t = res["flat"], res["tree"]
+    return (f"| {label} | {f['rows']} | {'tree' if t['tree'] else 'flat'} | {f['ms']:.0f} | "
+            f"{t['ms']:.0f} | {f['ms'] / t['ms']:.2f}x | {alone['flat']:.1f} | {alone['tree']:.1f} | "
+            f"{alone['flat'] / alone['tree']:.2f}x | {f['keys_mib']:.0f} | {t['keys_mib']:.0f} |")
+
+
+HEADER = ("| shape | compact rows | auto chose | forward flat ms | forward tree ms | speed-up | "
+          "attention flat ms | attention tree ms | speed-up | keys gathered flat MiB/layer | "
+          "tree MiB/layer |\n|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def forward(args) -> None:
+    runners = _pair("qwen3-0.6b", args.layers)
+    rng = np.random.default_rng(0)
+    print(HEADER)
+    for p in (0, 512, 2048):
+        prefix = rng.integers(100, 5000, p).tolist()
+        seqs = [prefix + rng.integers(100, 5000, 128).tolist() for _ in range(16)]
+        res = alternate(runners, seqs, args.rounds)
+        alone = attention_alone(runners, seqs, 2 * args.rounds + 1)
+        print(_row(f"B=16 P={p} S=128", res, alone), flush=True)
+
+
+def rerank(args) -> None:
+    """MS MARCO's shape: one query, 10 or 64 passages of ~50-100 tokens, in the reranker template."""
+    runners = _pair("qwen3-0.6b", args.layers, kind="reranker")
+    tok = runners["flat"].tokenizer
+    rng = np.random.default_rng(1)
+    from models.prompts import RERANK_PREFIX, RERANK_SUFFIX  # noqa: PLC0415
+
+    head = tok.encode(RERANK_PREFIX, add_special_tokens=False).ids
+    tail = tok.encode(RERANK_SUFFIX, add_special_tokens=False).ids
+    print(HEADER)
+    for lq in (32, 512, 4096):
+        query = rng.integers(100, 5000, lq).tolist()
+        for n in (10, 64):
+            seqs = [head + query + rng.integers(100, 5000, int(rng.integers(50, 101))).tolist() + tail
+                    for _ in range(n)]
+            rounds = max(1, args.rounds if lq * n < 100_000 else args.rounds // 2)
+            res = alternate(runners, seqs, rounds)
+            alone = attention_alone(runners, seqs, 2 * rounds + 1)
+            print(_row(f"query {lq}, {n} passages", res, alone), flush=True)
+
+
+def _long_case(size: str, tree: str, layers: int) -> None:
+    """One process: a 20-token instruction cached, then a 16,384-token input that shares it.
+    tree "-": the code under test has no tree attention (an older checkout, --models-root)."""
+    from models import fixtures
+    from models.runner import load_runner
+
+    extra: dict[str, Any] = {} if tree == "-" else {"tree_attention": tree}
+    runner = load_runner(str(fixtures.cached("qwen3-0.6b", layers=layers)), device="cpu",
+                         dtype="float32", prefix_cache_size=size, **extra)
+    rng = np.random.default_rng(0)
+    head = rng.integers(100, 5000, 20).tolist()
+    runner.run(runner.prepare(*_pack([head + rng.integers(100, 5000, 12).tolist()])))
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    t0 = time.process_time()
+    runner.run(runner.prepare(*_pack([head + rng.integers(100, 5000, 16384 - 20).tolist()])))
+    dt = time.process_time() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(f"| cache {size}, tree {tree} | {dt:.1f} | +{(peak - base) / 1024:.0f} |", flush=True)
+
+
+def long(args) -> None:
+    print("| case | seconds | peak RSS MiB |\n|---|---|---|")
+    for _ in range(args.rounds):
+        for size, tree in (("auto", "auto"), ("0", "auto"), ("auto", "off")):
+            subprocess.run([sys.executable, "-m", "benchmarks.bench_tree", "_long", size, tree,
+                            "--layers", str(args.layers), "--threads", str(args.threads)], check=True)
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=("forward", "rerank", "long", "_long"))
+    parser.add_argument("args", nargs="*")
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--models-root", default=None,
+                        help="import models/ from this checkout (e.g. an older commit, for _long)")
+    args = parser.parse_args(argv)
+    if args.models_root:
+        sys.path.insert(0, args.models_root)
+    torch.set_num_threads(args.threads)
+    if args.what == "_long":
+        size, tree = args.args
+        _long_case(size, tree, layers=args.layers)
+        return
+    {"forward": forward, "rerank": rerank, "long": long}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()

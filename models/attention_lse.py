@@ -1,0 +1,81 @@
+"""Attention over one key block with its log-sum-exp, and the exact merge of such partials.
+
+Invariant: softmax attention over keys K = K1 ∪ K2 equals the merge of the attention over K1 and
+over K2 weighted by exp(lse_i - lse), lse = log(exp(lse_1) + exp(lse_2)); so a query's keys can
+be split into blocks (a shared prefix without a mask, its own tokens causally) and nothing is
+approximated. The CPU kernel used here (aten's flash attention for the CPU) tiles queries and
+keys, so memory stays O(rows x keys-per-tile): no [Lq, Lk] mask or score matrix is ever built.
+
+NOTE: the kernel's log-sum-exp output has no gradient, so these pieces serve inference only;
+callers take their masked, differentiable path when autograd needs the result (``needs_grad``).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+_CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+
+
+def needs_grad(*tensors: Tensor) -> bool:
+    """True when autograd records through any of `tensors` (the LSE merge is inference-only)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
+def block_lse(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    """q [g, H, Lq, D], k/v [g, Hkv, Lk, D] -> (out [g, H, Lq, D], lse [g, H, Lq] float32).
+
+    causal: query i sees keys j <= i (Lq == Lk, the diagonal block). Without it every query sees
+    every key, and with fewer K/V heads the query heads of one group are folded into the query
+    axis ([g, Hkv, group*Lq, D]) so K/V are never repeated; the causal block repeats them (its
+    keys are the block's own rows, as many as its queries).
+    """
+    g, heads, lq, dim = q.shape
+    kv_heads = k.shape[1]
+    group = heads // kv_heads
+    if group > 1 and not causal:
+        qf = q.reshape(g, kv_heads, group * lq, dim)  # [g, Hkv, group*Lq, D] (heads are kv-major)
+        out, lse = _CPU_FLASH(qf, k, v, 0.0, False, scale=scale)
+        return out.reshape(g, heads, lq, dim), lse.reshape(g, heads, lq)
+    if group > 1:
+        k = k.repeat_interleave(group, dim=1)  # [g, H, Lk, D]
+        v = v.repeat_interleave(group, dim=1)
+    return _CPU_FLASH(q, k, v, 0.0, causal, scale=scale)
+
+
+def _acc(t: Tensor) -> torch.dtype:
+    """The merge's dtype: float32, or float64 for float64 inputs (the probes' reference)."""
+    return torch.promote_types(t.dtype, torch.float32)
+
+
+def merge_two(o1: Tensor, lse1: Tensor, o2: Tensor, lse2: Tensor) -> tuple[Tensor, Tensor]:
+    """Exact merge of two partials over disjoint key sets: o [..., L, D], lse [..., L] ->
+    (out in o1's dtype, its lse). NOTE: the weights are exp(lse_i - max), so nothing overflows;
+    out = o1 + (o2 - o1) * w2 / (w1 + w2) is one pass (lerp)."""
+    m = torch.maximum(lse1, lse2)
+    w1, w2 = (lse1 - m).exp(), (lse2 - m).exp()
+    total = w1 + w2
+    acc = _acc(o1)
+    out = torch.lerp(o1.to(acc), o2.to(acc), (w2 / total).unsqueeze(-1))
+    return out.to(o1.dtype), m + total.log()
+
+
+def merge_two_(o1: Tensor, lse1: Tensor, o2: Tensor, lse2: Tensor) -> None:
+    """merge_two in place into (o1, lse1), e.g. slices of a running accumulator (o1's dtype)."""
+    m = torch.maximum(lse1, lse2)
+    w1, w2 = (lse1 - m).exp(), (lse2 - m).exp()
+    total = w1 + w2
+    o1.lerp_(o2.to(o1.dtype), (w2 / total).unsqueeze(-1))
+    lse1.copy_(m + total.log())
+
+
+def merge_into(out: Tensor, lse: Tensor, parts: Tensor, parts_lse: Tensor, rows: Tensor) -> Tensor:
+    """out [T, H, D] with lse [T, H] (every row's own partial), merged exactly with the extra
+    partials parts [M, H, D] / parts_lse [M, H] of rows `rows` [M] (a row may have several)."""
+    m = lse.scatter_reduce(0, rows[:, None].expand_as(parts_lse), parts_lse, "amax")  # [T, H] row maxima
+    w_own = (lse - m).exp()  # [T, H]
+    w_parts = (parts_lse - m.index_select(0, rows)).exp()  # [M, H]
+    acc = _acc(out)
+    num = (out.to(acc) * w_own.unsqueeze(-1)).index_add_(0, rows, parts.to(acc) * w_parts.unsqueeze(-1))
+    den = w_own.index_add(0, rows, w_parts)  # [T, H]
+    return (num / den.unsqueeze(-1)).to(out.dtype)
