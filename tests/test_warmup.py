@@ -36,7 +36,9 @@ def _spy(monkeypatch) -> list[dict]:
 
 
 def _serve(runner, max_tokens: int, items):
-    sched = Scheduler(runner, max_batch_tokens=max_tokens,
+    # inline=False: every forward on the worker, as on an accelerator (a CPU may run a lone batch
+    # on the prep thread, where no per-thread handles exist to warm)
+    sched = Scheduler(runner, max_batch_tokens=max_tokens, inline=False,
                       warm_up=lambda: runner.warm_up(max_tokens=max_tokens))
     sched.start()  # returns once the warm-up ran
     try:
