@@ -252,7 +252,7 @@ def sdpa_padded(q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float
             vs = vs.repeat_interleave(group, dim=1)
         o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=bk.mask, scale=scale)
         o = o.transpose(1, 2).reshape(b * lq, heads, dim).index_select(0, bk.out_index)  # [rows, H, D]
-        if plan.whole:
+        if out is None:  # plan.whole: one bucket covers every row, in order
             return o
         out = out.index_copy(0, bk.q_rows, o)
     return out if out is not None else q.new_empty((0, heads, dim))

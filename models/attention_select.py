@@ -17,6 +17,7 @@ import inspect
 import logging
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -85,8 +86,9 @@ def _torch_varlen(*, repeat_kv: bool) -> AttnFn:
             kw["scale"] = scale
         elif not math.isclose(scale, q.shape[-1] ** -0.5, rel_tol=1e-6):
             raise ValueError(f"this torch's varlen_attn has no scale argument (got {scale})")
-        return varlen_attn(q, k, v, meta.cu_seqlens_q, meta.cu_seqlens_k,
-                           meta.max_seqlen_q, meta.max_seqlen_k, **kw)
+        out = varlen_attn(q, k, v, meta.cu_seqlens_q, meta.cu_seqlens_k,
+                          meta.max_seqlen_q, meta.max_seqlen_k, **kw)
+        return out[0] if isinstance(out, tuple) else out  # (out, lse) where return_aux asks for it
 
     return torch_varlen
 
@@ -95,7 +97,9 @@ def _efficient_varlen() -> AttnFn:
     """aten._efficient_attention_forward over cu_seqlens, mask type 2 (causal from bottom-right):
     one launch per layer in any float dtype. Equal head counts only, so K/V are repeated."""
     op = torch.ops.aten._efficient_attention_forward
-    bottom_right = int(torch.nn.attention.bias.CausalVariant.LOWER_RIGHT)
+    from torch.nn.attention import bias
+
+    bottom_right = int(bias.CausalVariant.LOWER_RIGHT)
 
     def efficient(q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float) -> Tensor:
         if k.shape[1] != q.shape[1]:
@@ -119,12 +123,17 @@ def _varlen_lacks_gqa() -> bool | None:
     return "enable_gqa" not in inspect.signature(varlen_attn).parameters
 
 
-FACTORIES = {
+def _portable(fn: AttnFn) -> Callable[[], AttnFn]:
+    """A factory that returns ``fn`` (the portable backends need no set-up)."""
+    return lambda: fn
+
+
+FACTORIES: dict[str, Callable[[], AttnFn]] = {
     "flash-attn": _flash_attn,
     "torch-varlen": lambda: _torch_varlen(repeat_kv=False),
     "torch-varlen-repeat-kv": lambda: _torch_varlen(repeat_kv=True),
     "efficient-varlen": _efficient_varlen,
-    **{name: (lambda fn=fn: fn) for name, fn in PORTABLE.items()},
+    **{name: _portable(fn) for name, fn in PORTABLE.items()},
 }
 
 
@@ -197,8 +206,8 @@ def select_backend(device: torch.device | str, *, dtype: torch.dtype, heads: int
     device = torch.device(device)
     shape = Shape(heads, kv_heads, head_dim)
     names, rejected = candidates(device, dtype)
-    for name, reason in rejected.items():
-        log.info("attention backend %s not used: %s", name, reason)
+    for name, why in rejected.items():
+        log.info("attention backend %s not used: %s", name, why)
     for k, name in enumerate(names):
         if name == "torch-varlen-repeat-kv" and (heads == kv_heads or "torch-varlen" not in rejected
                                                  or _varlen_lacks_gqa() is not True):
