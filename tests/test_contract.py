@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from scheduler import ModelRunner, Prepared
-from scheduler.pipeline import split_outputs
+from scheduler.packing import split_outputs
 from tests.test_runner_all_tokens import MaskRunner
 from tests.test_scheduler import FakeRunner
 from tests.test_scheduler_e2e import GatedPrepRunner

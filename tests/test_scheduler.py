@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler import BatchFailed, Scheduler, WorkerDead
 from scheduler.metrics import Metrics
-from scheduler.pipeline import split_outputs
+from scheduler.packing import split_outputs
 
 
 class Boom(BaseException):

@@ -1,0 +1,44 @@
+"""A batch's host data in the runner's layout and back: pack entries into (input_ids, cu_seqlens),
+split the runner's result into one host output per entry.
+
+Invariant: ``split_outputs`` hands each entry its own copy (a Python float for a scalar, float32
+otherwise), and refuses a result whose count is not the batch's.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Sequence
+
+import numpy as np
+
+from .forming import Entry
+
+
+def pack(entries: Sequence[Entry]) -> tuple[np.ndarray, np.ndarray]:
+    """input_ids int32 [N] and cu_seqlens int32 [B+1] of a batch."""
+    lengths = np.fromiter((e.n_tokens for e in entries), dtype=np.int64, count=len(entries))
+    cu_seqlens = np.zeros(len(entries) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=cu_seqlens[1:])
+    input_ids = np.array(list(itertools.chain.from_iterable(e.input_ids for e in entries)), dtype=np.int32)
+    return input_ids, cu_seqlens
+
+
+def split_outputs(out: Any, n: int) -> list:
+    """One host output per entry from ``runner.run``'s result.
+
+    ``out`` is either one array with a leading batch axis ([B] scores, [B, E] embeddings; a torch
+    tensor moves to the host in one copy) or a sequence of B outputs of any shape (ragged, e.g.
+    per-token [L, E]). Each entry gets its own copy: a Python float for a scalar, else float32.
+    """
+    if hasattr(out, "detach") or isinstance(out, np.ndarray):
+        rows = list(_host(out))
+    else:
+        rows = [_host(o) for o in out]
+    if len(rows) != n:
+        raise RuntimeError(f"the runner returned {len(rows)} outputs for {n} items")
+    return [float(r) if np.ndim(r) == 0 else np.array(r, dtype=np.float32) for r in rows]
+
+
+def _host(x: Any) -> np.ndarray:
+    return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
