@@ -9,6 +9,7 @@ from __future__ import annotations
 POOLINGS = ("last-token", "mean", "cls")  # how an embedding model turns token states into one vector
 RADIX_ATTENTION = ("compact", "paper")  # attention over the trie's compact rows
 KINDS = ("embedding", "reranker")
+TREE_ATTENTION = ("auto", "on", "off")  # tree (cascade) attention along the trie: models/tree_attention.py
 
 
 def check_radix_mlp_threshold(value: float, name: str = "radix_mlp_threshold") -> float:

@@ -16,6 +16,8 @@ from typing import Mapping, Sequence
 
 from tokenizers import Encoding, Tokenizer
 
+from models.pair_budget import check_pair_budget, pair_tokens
+
 RERANK_PREFIX = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and "
     'the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n<|im_start|>user\n'
@@ -200,11 +202,14 @@ class RerankTemplate:
         max_length: int,
         truncate: bool,
         direction: str = "right",
+        max_pair_tokens: int = 0,
     ) -> list[list[int]]:
         """prefix + body + suffix per document; only the body is cut to fit ``max_length``.
 
         Raises QueryTooLong before any document is encoded when ``truncate`` is false and the
-        shared part alone cannot fit; InputTooLong naming the first document that does not fit.
+        shared part alone cannot fit; PairBudgetExceeded when the pairs would hold more than
+        ``max_pair_tokens`` tokens together (0: no limit), counted before any pair is built;
+        InputTooLong naming the first document that does not fit.
         """
         direction = _check_direction(direction)
         budget = max_length - self.overhead
@@ -222,9 +227,12 @@ class RerankTemplate:
             raise QueryTooLong(len(shared) + 1 + self.overhead, max_length)
         piece_ids = iter(self._ids([p for p, ok in zip(pieces, clean) if ok]))
         body_ids = iter(self._ids([shared_text + p for p, ok in zip(pieces, clean) if not ok]))
+        parts = [(shared, next(piece_ids)) if ok else (next(body_ids), []) for ok in clean]
+        bodies = [len(head) + len(tail) for head, tail in parts]
+        check_pair_budget(pair_tokens(overhead=self.overhead, bodies=bodies, max_length=max_length),
+                          documents=len(documents), limit=max_pair_tokens)
         out = []
-        for i, ok in enumerate(clean):
-            head, tail = (shared, next(piece_ids)) if ok else (next(body_ids), [])
+        for i, (head, tail) in enumerate(parts):
             if not truncate and len(head) + len(tail) > budget:
                 raise InputTooLong(i, len(head) + len(tail) + self.overhead, max_length)
             out.append(self.prefix_ids + cut_body(head, tail, budget, direction) + self.suffix_ids)

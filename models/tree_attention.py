@@ -33,6 +33,7 @@ from torch import Tensor
 
 from models.attention import to_device
 from models.attention_lse import block_lse, merge_into, merge_two, merge_two_
+from models.options import TREE_ATTENTION
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 # and one element moved (a copy or a merge term), in seconds. Only their ratio matters.
 CALL_S = {"cpu": 25e-6, "cuda": 8e-6}
 ELEM_S = {"cpu": 0.6e-9, "cuda": 1.5e-12}
-POLICIES = ("auto", "on", "off")
+POLICIES = TREE_ATTENTION  # the policies `load_runner(tree_attention=...)` takes (models/options.py)
 
 
 @dataclass(frozen=True)

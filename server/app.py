@@ -59,6 +59,7 @@ def load_runner(config: ServerConfig) -> ServedRunner:
         cpu_packed_weights=config.cpu_packed_weights,
         keep_dense_weights=False,  # serving needs no gradients: one copy of the weights
         max_batch_tokens=config.max_batch_tokens,  # a CUDA `auto` prefix cache is sized after such a batch
+        tree_attention=config.tree_attention,
     )
     runner.defer_copies = True  # on CUDA the scheduler waits for the outputs' copies on its own thread
     return runner
@@ -105,6 +106,7 @@ def build_service(config: ServerConfig, runner: ServedRunner, scheduler: ServedS
             auto_truncate=config.auto_truncate,
             max_display_tokens=config.max_batch_tokens,
             max_embed_all_floats=config.max_embed_all_floats,
+            max_rerank_pair_tokens=config.max_rerank_pair_tokens,
         ),
         permits=Permits(config.max_concurrent_requests),
         default_prompt_name=config.default_prompt_name,

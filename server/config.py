@@ -21,7 +21,7 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Mapping
 
-from models.options import POOLINGS, RADIX_ATTENTION, check_radix_mlp_threshold
+from models.options import POOLINGS, RADIX_ATTENTION, TREE_ATTENTION, check_radix_mlp_threshold
 
 DEFAULT_MODEL_ID = "Qwen/Qwen3-Embedding-0.6B"
 
@@ -62,6 +62,9 @@ class ServerConfig:
     max_client_batch_size: int = option(2048, "inputs per HTTP request", minimum=1)
     max_embed_all_floats: int = option(
         4_194_304, "floats one /embed_all answer may hold (its tokens x the hidden size); more: 422", minimum=1)
+    max_rerank_pair_tokens: int = option(
+        1_048_576, "tokens of one rerank request's query-document pairs together; more: 422 (0: no limit)",
+        minimum=0)
     max_input_length: int | None = option(None, "tokens per input (default: the model's max positions)", minimum=1)
     auto_truncate: bool = option(True, "truncate over-long inputs when a request does not say")
     tokenization_workers: int | None = option(
@@ -70,6 +73,10 @@ class ServerConfig:
         0.95, "use the prefix trie iff compact/original < threshold and it saves enough work to pay for "
               "itself; 1 always; 0 never")
     radix_attention: str = option("compact", "attention over the compact rows", choices=RADIX_ATTENTION)
+    tree_attention: str = option(
+        "auto", "tree attention along the prefix trie (a shared prefix's K/V read once per layer): auto "
+                "where estimated cheaper than the flat path, on for every compact batch, off never",
+        choices=TREE_ATTENTION)
     batching_policy: str = option(
         "fifo", "fifo, or prefix: form batches from requests that share prefixes (with aging)",
         choices=("fifo", "prefix"))

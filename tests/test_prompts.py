@@ -216,3 +216,27 @@ def test_rerank_falls_back_per_document_where_the_boundary_merges(rr_tok):
         assert ids == template.prefix_ids + body + template.suffix_ids
     shared = len(prompts.format_rerank_body(prompts.DEFAULT_INSTRUCTION, "q", ""))
     assert counting.chars >= 2 * shared  # the fallback document paid for the shared part again
+
+
+@pytest.mark.parametrize("query,docs,max_length,truncate,direction", [
+    ("capital of france", ["Paris is the capital.", "Berlin", ""], 4096, False, "right"),
+    ("capital of france " * 10, ["Paris is the capital.", "Berlin " * 100, "x"], 120, True, "right"),
+    ("capital of france " * 10, ["Berlin " * 100, "y"], 120, True, "left"),
+    ("q " * 200, ["a", "b c"], 90, True, "right"),  # the shared part alone is over the limit
+])
+@pytest.mark.parametrize("fallback", [False, True])
+def test_rerank_pair_budget_counts_the_pairs_built(rr_tok, query, docs, max_length, truncate, direction, fallback):
+    """At exactly the pairs' total the encode answers as without a budget; one token less it is
+    refused, naming the limit and its flag (also where a document takes the whole-body path)."""
+    from models.pair_budget import PairBudgetExceeded
+
+    template = prompts.RerankTemplate(rr_tok)
+    if fallback:
+        template._splits_cleanly = lambda shared, pieces: [i % 2 == 0 for i in range(len(pieces))]
+    kw = dict(max_length=max_length, truncate=truncate, direction=direction)
+    free = template.encode(query, docs, **kw)
+    total = sum(len(p) for p in free)
+    assert template.encode(query, docs, max_pair_tokens=total, **kw) == free
+    with pytest.raises(PairBudgetExceeded, match=r"hold %d tokens.*limit of %d \(--max-rerank-pair-tokens\)"
+                       % (total, total - 1)):
+        template.encode(query, docs, max_pair_tokens=total - 1, **kw)

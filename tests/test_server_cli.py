@@ -51,11 +51,31 @@ def test_cpu_packed_weights_flag_reaches_the_runner(tiny_embedding_dir):
     assert load_runner(off).linear == "F.linear"
 
 
+def test_tree_attention_flag_reaches_the_runner(tiny_embedding_dir):
+    from server.app import load_runner
+
+    argv = ["--model-id", str(tiny_embedding_dir), "--prefix-cache-size", "0"]
+    assert parse_config(argv, environ={}).tree_attention == "auto"
+    assert parse_config(argv, environ={"TREE_ATTENTION": "on"}).tree_attention == "on"
+    off = load_runner(parse_config(argv + ["--tree-attention", "off"], environ={"TREE_ATTENTION": "on"}))
+    assert (off.tree_attention, off.tree_report) == ("off", "off")
+    on = load_runner(parse_config(argv, environ={"TREE_ATTENTION": "on"}))
+    assert on.tree_attention == "on" and on.tree_report.startswith(("on (", "off ("))
+
+
+def test_max_rerank_pair_tokens_flag():
+    assert parse_config([], environ={}).max_rerank_pair_tokens == 1_048_576
+    assert parse_config(["--max-rerank-pair-tokens", "0"], environ={}).max_rerank_pair_tokens == 0
+    assert parse_config([], environ={"MAX_RERANK_PAIR_TOKENS": "4096"}).max_rerank_pair_tokens == 4096
+
+
 @pytest.mark.parametrize("argv", [
     ["--auto-truncate", "maybe"],
     ["--max-batch-tokens", "many"],
     ["--max-batch-tokens", "0"],
     ["--radix-attention", "fast"],
+    ["--tree-attention", "always"],
+    ["--max-rerank-pair-tokens", "-1"],
     ["--radix-mlp-threshold", "1.5"],
     ["--default-prompt", "x", "--default-prompt-name", "query"],
 ])

@@ -155,6 +155,7 @@ class Info(BaseModel):
     radix_attention: str
     attention_backend: str
     attention_backend_rejected: dict[str, str] = Field(default_factory=dict)
+    tree_attention: str = Field("off", description='the policy and the path that runs, e.g. "auto (cpu-flash)"')
     linear: str = "F.linear"  # "onednn-packed": CPU float32 linears on weights packed at load
     prefix_cache: dict = Field(default_factory=dict,
                                description="the prefix cache's size: tokens, bytes, bytes_per_token, why")

@@ -25,6 +25,7 @@ class ServedRunner(ModelRunner, Protocol):
     radix_attention: str
     attention_backend: str
     attention_rejected: dict[str, str]  # backend -> why it does not run
+    tree_report: str  # the tree-attention policy and the path that runs, e.g. "auto (cpu-flash)"
     kernels: str
     linear: str
     memory: dict[str, int]  # weights_bytes; on CUDA allocated_bytes and reserved_bytes after load

@@ -45,6 +45,7 @@ class Limits:
     auto_truncate: bool
     max_display_tokens: int = 16384  # tokens one /tokenize or /embed_all answer may hold (= max_batch_tokens)
     max_embed_all_floats: int = 4_194_304  # floats one /embed_all answer may hold (tokens x hidden size)
+    max_rerank_pair_tokens: int = 1_048_576  # tokens of one rerank request's pairs together (0: no limit)
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,7 @@ class Service:
         self.permits = permits
         self.tok = Tokenization(
             runner, max_input_length=limits.max_input_length, metrics=metrics, workers=tokenization_workers,
-            max_display_tokens=limits.max_display_tokens,
+            max_display_tokens=limits.max_display_tokens, max_pair_tokens=limits.max_rerank_pair_tokens,
         )
 
     # -- checks ---------------------------------------------------------------------------------

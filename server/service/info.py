@@ -1,8 +1,8 @@
 """What GET /info reports and the start-up line says: the model, its settings and the limits.
 
 /info carries TEI's fields (model_sha, served_model_name, auto_truncate, tokenization_workers, ...)
-plus ours (radix_mlp_threshold, radix_attention, attention_backend and why not the others, linear,
-batching_policy). Built once per app: nothing in it changes while the server runs.
+plus ours (radix_mlp_threshold, radix_attention, attention_backend and why not the others,
+tree_attention, linear, batching_policy). Built once per app: nothing in it changes while the server runs.
 """
 from __future__ import annotations
 
@@ -66,6 +66,7 @@ def build_info(config: ServerConfig, runner: ServedRunner, *, max_input_length: 
         "radix_attention": runner.radix_attention,
         "attention_backend": runner.attention_backend,  # which runs; why not the others:
         "attention_backend_rejected": dict(runner.attention_rejected),
+        "tree_attention": runner.tree_report,
         "linear": runner.linear,
         "memory": dict(runner.memory),
         "prefix_cache": dict(runner.prefix_cache_report),

@@ -4,7 +4,8 @@ Every encode of a request runs as one ``encode_batch`` call in the executor, so 
 never blocks on the tokenizer (HF tokenizers releases the GIL inside its Rust batch encode),
 except a short request (``short``: a few inputs, ~2k characters), encoded on the loop: that costs
 tens of microseconds, less than the hop to a thread and back.
-Prompt and truncation failures surface as ApiError (422) in the route's dialect. /tokenize's
+Prompt and truncation failures, and a rerank request over the pair-token budget
+(``max_pair_tokens``, models/pair_budget.py), surface as ApiError (422) in the route's dialect. /tokenize's
 answer is bounded: at most ``max_display_tokens`` tokens per request, counted on prefixes of the
 inputs (work in proportion to the cap, ``count_capped``) before the full encode and any token
 object, and rendered to JSON bytes in the executor too.
@@ -32,10 +33,11 @@ class Tokenization:
 
     def __init__(
         self, runner: ServedRunner, *, max_input_length: int, metrics: Metrics, max_display_tokens: int = 16384,
-        workers: int = 2,
+        workers: int = 2, max_pair_tokens: int = 0,
     ) -> None:
         self.tokenizer = runner.tokenizer
         self.max_input_length = max_input_length
+        self.max_pair_tokens = max_pair_tokens  # tokens of one rerank request's pairs together (0: no limit)
         self.max_display_tokens = max_display_tokens
         self.metrics = metrics
         # NOTE: the embedding table's rows bound valid ids (an id past it would crash the batch).
@@ -57,7 +59,7 @@ class Tokenization:
             if inline:
                 return fn()
             return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
-        except ValueError as exc:  # InputTooLong, UnknownPrompt, a template that cannot fit
+        except ValueError as exc:  # InputTooLong, UnknownPrompt, PairBudgetExceeded, a template that cannot fit
             raise ApiError("validation", str(exc)) from exc
         except Exception as exc:  # noqa: BLE001 - a tokenizer failure is the input's fault
             raise ApiError("tokenizer", f"tokenization failed: {exc}") from exc
@@ -83,7 +85,7 @@ class Tokenization:
         return await self._off_loop(
             lambda: template.encode(
                 query, documents, instruction=instruction, max_length=self.max_input_length,
-                truncate=truncate, direction=direction,
+                truncate=truncate, direction=direction, max_pair_tokens=self.max_pair_tokens,
             ),
             inline=short(documents, query + instruction),
         )
