@@ -219,7 +219,7 @@ def select_backend(device: torch.device | str, *, dtype: torch.dtype, heads: int
                 rejected.setdefault(later, f"not tried: {name} passed first")
             rejected[CPU_DEFAULT] = f"not needed: {name} passed"
             return AttentionBackend(name, fn, rejected)
-        rejected[name] = reason
+        rejected[name] = reason or "unknown"  # build_backend gives a reason whenever fn is None
         log.warning("attention backend %s rejected on %s %s (H=%d, Hkv=%d, D=%d): %s", name,
                     device, str(dtype).replace("torch.", ""), heads, kv_heads, head_dim, reason)
     return AttentionBackend(CPU_DEFAULT, PORTABLE[CPU_DEFAULT], rejected)
