@@ -204,15 +204,20 @@ class Document(_Body):
     text: StrictStr
 
 
-class CohereRerankRequest(_Inference):
+class DocumentsBody(_Inference):
+    """A query and documents (str or {text}): what every Cohere/Jina-like rerank body shares."""
+
     inputs_field: ClassVar[str] = "documents"
     inputs_name: ClassVar[str] = "documents"
 
     query: StrictStr
     documents: list[Union[StrictStr, Document]]
     top_n: StrictInt | None = Field(None, ge=1)
-    return_documents: StrictBool = False
     model: StrictStr | None = None
+
+
+class CohereRerankRequest(DocumentsBody):
+    return_documents: StrictBool = False
 
 
 class CohereResult(BaseModel):

@@ -13,7 +13,8 @@ from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, Discriminator, Field, StrictBool, StrictInt, StrictStr, Tag
 
-from server.routes.schemas import Direction, Document, Info, OpenAIUsage, TokenIds, _Body, _Inference
+from server.routes.schemas import (CohereResult, Direction, DocumentsBody, Info, OpenAIUsage, TokenIds, _Body,
+                                   _Inference)
 
 
 # -- TEI ---------------------------------------------------------------------------------------
@@ -107,25 +108,12 @@ class CohereV2RerankRequest(_Inference):
     top_n: StrictInt | None = Field(None, ge=1)
 
 
-class DocumentsRerankRequest(_Inference):
+class DocumentsRerankRequest(DocumentsBody):
     """/rerank in the Cohere/Jina/Infinity/vLLM shape (``documents`` rather than TEI's ``texts``).
     ``return_documents`` unset answers the documents, as vLLM always does; false leaves them out."""
 
-    inputs_field: ClassVar[str] = "documents"
-    inputs_name: ClassVar[str] = "documents"
-
-    query: StrictStr
-    documents: list[Union[StrictStr, Document]]
-    top_n: StrictInt | None = Field(None, ge=1)
     return_documents: StrictBool | None = None
-    model: StrictStr | None = None
     instruction: StrictStr | None = Field(None, description="default: the Qwen3-Reranker web-search instruction")
-
-
-class DocumentsRerankResult(BaseModel):
-    index: int
-    relevance_score: float
-    document: Document | None = None
 
 
 class DocumentsRerankResponse(BaseModel):
@@ -133,20 +121,13 @@ class DocumentsRerankResponse(BaseModel):
 
     id: str
     model: str
-    results: list[DocumentsRerankResult]
+    results: list[CohereResult]  # Jina's and Cohere v1's result shape
     usage: OpenAIUsage
 
 
-class InfinityRerankRequest(_Inference):
-    inputs_field: ClassVar[str] = "documents"
-    inputs_name: ClassVar[str] = "documents"
-
-    query: StrictStr
-    documents: list[Union[StrictStr, Document]]
-    top_n: StrictInt | None = Field(None, ge=1)
+class InfinityRerankRequest(DocumentsBody):
     return_documents: StrictBool = False
     raw_scores: StrictBool = False
-    model: StrictStr | None = None
 
 
 class InfinityRerankResult(BaseModel):
