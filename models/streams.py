@@ -44,14 +44,19 @@ def copied(device: torch.device) -> torch.cuda.Event | None:
     return event
 
 
-def device_tensors(obj: Any, depth: int = 3) -> Iterator[torch.Tensor]:
-    """The tensors a prepared batch holds: its fields', and those of the dataclasses among them
-    (the forward batch, its attention metadata, its cache I/O), ``depth`` levels down."""
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if isinstance(value, torch.Tensor):
-            yield value
-        elif depth > 1 and dataclasses.is_dataclass(value) and not isinstance(value, type):
+def device_tensors(obj: Any, depth: int = 5) -> Iterator[torch.Tensor]:
+    """The tensors a prepared batch holds: its fields', and those of the dataclasses, tuples and
+    lists among them (the forward batch, its attention metadata, its cache I/O, its tree plan and
+    that plan's shared calls), ``depth`` levels down."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif depth <= 0:
+        return
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        for f in dataclasses.fields(obj):
+            yield from device_tensors(getattr(obj, f.name), depth - 1)
+    elif isinstance(obj, (tuple, list)):
+        for value in obj:
             yield from device_tensors(value, depth - 1)
 
 

@@ -23,7 +23,7 @@ def _walk(obj, seen, depth=0):
     if isinstance(obj, torch.Tensor):
         yield obj
         return
-    if depth > 3 or id(obj) in seen:
+    if depth > 5 or id(obj) in seen:
         return
     seen.add(id(obj))
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):

@@ -103,10 +103,10 @@ def test_index_fault_in_the_real_runner_fails_only_its_batch(tiny_embedding_dir,
     runner = models.load_runner(str(tiny_embedding_dir), device="cpu", radix_mlp_threshold=1.0)
     real = runner_module.build_index
 
-    def build_index(input_ids, positions, cu_seqlens):
+    def build_index(input_ids, positions, cu_seqlens, **kw):
         if POISON in input_ids:
             raise ValueError("injected index failure")
-        return real(input_ids, positions, cu_seqlens)
+        return real(input_ids, positions, cu_seqlens, **kw)
 
     monkeypatch.setattr(runner_module, "build_index", build_index)
     caplog.set_level(logging.ERROR, logger="scheduler.pipeline")
@@ -301,7 +301,8 @@ def test_out_of_memory_fails_only_its_batch_and_is_counted(caplog, monkeypatch):
         return await sched.submit(req_items(1, [3])), sched.alive
 
     caplog.set_level(logging.ERROR, logger="scheduler.pipeline")
-    _, (after, alive) = run_async(runner, go, max_batch_requests=1, metrics=metrics)
+    # inline=False: forwards on the worker, as on CUDA (the runner stands in for a CUDA one)
+    _, (after, alive) = run_async(runner, go, max_batch_requests=1, metrics=metrics, inline=False)
     assert alive and np.array_equal(after.outputs[0], expected(req_items(1, [3])[0]))
     assert metrics.oom_batches._value.get() == 2
     assert released == ["rs-worker", "rs-worker"]  # the allocator's cache released after each
