@@ -127,6 +127,7 @@ def test_resolve_prompt_precedence():
 # -- the rerank body from its pieces equals one encode of the whole body --------------------------
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
+from tests.counting import CountingTokenizer
 
 # Starts that could interact with the boundary ": " + document: spaces, digits, punctuation,
 # newlines, combining marks (NFC), contractions, specials, emoji, CJK, other scripts.
@@ -167,29 +168,10 @@ def test_rerank_pieces_truncate_like_whole_body(rr_tok, query, docs, keep, direc
         assert ids == template.prefix_ids + cut + template.suffix_ids
 
 
-class _Counting:
-    """A tokenizer proxy that counts the characters it is asked to encode."""
-
-    def __init__(self, inner: Tokenizer) -> None:
-        self.inner, self.chars = inner, 0
-
-    def encode(self, text, **kw):
-        self.chars += len(text)
-        return self.inner.encode(text, **kw)
-
-    def encode_batch(self, texts, **kw):
-        self.chars += sum(len(t) for t in texts)
-        return self.inner.encode_batch(texts, **kw)
-
-    def encode_batch_fast(self, texts, **kw):
-        self.chars += sum(len(t) for t in texts)
-        return self.inner.encode_batch_fast(texts, **kw)
-
-
 @pytest.mark.parametrize("truncate", [False, True])
 def test_rerank_tokenizes_each_piece_once(rr_tok, truncate):
     """A long query with many documents is tokenized once, not once per document."""
-    counting = _Counting(rr_tok)
+    counting = CountingTokenizer(rr_tok)
     template = prompts.RerankTemplate(counting)
     query = "lorem ipsum dolor " * 2000  # 36k chars
     docs = [f"document {i} about something" for i in range(64)]
@@ -208,7 +190,7 @@ def test_rerank_falls_back_per_document_where_the_boundary_merges(rr_tok):
     template = prompts.RerankTemplate(rr_tok)
     docs = ["alpha", "beta"]
     template._splits_cleanly = lambda shared, pieces: [True, False]
-    counting = _Counting(rr_tok)
+    counting = CountingTokenizer(rr_tok)
     template.tokenizer = counting
     ours = template.encode("q", docs, max_length=4096, truncate=False)
     for doc, ids in zip(docs, ours):

@@ -15,6 +15,7 @@ from server.http.errors import ApiError
 from server.routes.schemas import CohereRerankRequest, EmbedRequest, OpenAIEmbeddingRequest, TokenizeRequest
 from tests.serving import ServerThread, cached_runner
 from tests.limits import measure
+from tests.counting import CountingTokenizer
 
 
 def peak_growth_mb(fn) -> float:
@@ -148,21 +149,6 @@ def test_openapi_lists_each_body_schema(srv):
         assert "$ref" not in str(schema) or "#/components/" in str(schema), path
 
 
-class _Recording:
-    """A tokenizer that counts the characters it is asked to encode."""
-
-    def __init__(self, inner) -> None:
-        self.inner, self.chars = inner, 0
-
-    def encode(self, text, **kw):
-        self.chars += len(text)
-        return self.inner.encode(text, **kw)
-
-    def encode_batch(self, texts, **kw):
-        self.chars += sum(len(t) for t in texts)
-        return self.inner.encode_batch(texts, **kw)
-
-
 def _tokenization(model_dir, cap: int):
     from prometheus_client import CollectorRegistry
 
@@ -172,7 +158,7 @@ def _tokenization(model_dir, cap: int):
     runner = cached_runner(str(model_dir))
     tok = Tokenization(runner, max_input_length=64, metrics=Metrics(CollectorRegistry()), max_display_tokens=cap,
                        workers=1)
-    tok.tokenizer = _Recording(runner.tokenizer)
+    tok.tokenizer = CountingTokenizer(runner.tokenizer)
     return tok
 
 
