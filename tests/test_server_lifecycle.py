@@ -76,10 +76,12 @@ def _post_in_thread(url: str, results: dict, key: str, **kw) -> threading.Thread
 
 @pytest.mark.parametrize("stack", http_stacks())
 def test_sigterm_drains_then_503s_what_is_left_and_exits_in_time(tiny_embedding_dir, stack):
-    # Each forward takes 1.5 s and holds one item: A finishes inside the drain, B cannot.
+    # Each forward takes 2 s and holds one item. In-flight requests may finish until
+    # grace - margin = 3 - 0.6 = 2.4 s after the signal (sent ~0.6 s after A): A ends ~2 s after
+    # it was sent, well inside; B cannot start before ~2 s nor end before ~4 s, well outside.
     srv = Proc(tiny_embedding_dir, "--graceful-shutdown-timeout", "3", "--max-batch-requests", "1", "--json-output",
                "--http-stack", stack,
-               fault="slow_forward=1.5", env={"RADIX_MLP_THRESHOLD": "1.0", "MAX_CLIENT_BATCH_SIZE": "7"})
+               fault="slow_forward=2.0", env={"RADIX_MLP_THRESHOLD": "1.0", "MAX_CLIENT_BATCH_SIZE": "7"})
     try:
         info = httpx.get(srv.url + "/info").json()  # flags and env vars reach the app
         assert info["max_client_batch_size"] == 7 and info["radix_mlp_threshold"] == 1.0

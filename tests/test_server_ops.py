@@ -66,11 +66,15 @@ def test_overload_gets_429_at_once(base, tiny_embedding_dir):
         results = asyncio.run(main())
         codes = [r.status_code for r, _ in results]
         assert codes.count(200) >= 1 and codes.count(429) >= 1 and set(codes) <= {200, 429}, codes
-        for r, elapsed in results:
+        for r, _ in results:
             if r.status_code == 429:
-                assert r.json()["error_type"] == "Overloaded" and elapsed < 0.4  # refused, not queued
+                assert r.json()["error_type"] == "Overloaded"
             else:
                 assert len(r.json()) == 4
+        # Refused, not queued: every 429 arrives before the first 200, which waits for a 0.4 s forward.
+        refused = max(elapsed for r, elapsed in results if r.status_code == 429)
+        served = min(elapsed for r, elapsed in results if r.status_code == 200)
+        assert refused < served, (refused, served)
         assert srv_permits(srv) == 0
         assert httpx.post(srv.url + "/embed", json={"inputs": ["after"] * 4}, timeout=60).status_code == 200
     finally:
