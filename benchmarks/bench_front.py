@@ -283,14 +283,24 @@ def _http(sock, method: str, path: str, body: bytes = b"") -> tuple[float, dict]
     return (time.perf_counter() - t0) * 1e3, headers
 
 
-def one_input(urls: dict[str, str], *, requests: int = 1000) -> list[dict]:
-    """c1 keep-alive latency of a one-input /embed and of /health per server, alternating request by
-    request (the first server rotating), over raw sockets."""
+ONE_INPUT = "Instruct: Given a web search query, retrieve relevant passages\nQuery: what is the capital of france"
+# route name -> (path, body): TEI's /embed, or OpenAI's /v1/embeddings (what Infinity serves with
+# `--url-prefix /v1`; its model name must then be given with --model).
+ONE_INPUT_ROUTES = {"embed": "/embed", "openai": "/v1/embeddings"}
+
+
+def one_input(urls: dict[str, str], *, requests: int = 1000, route: str = "embed",
+              model: str | None = None) -> list[dict]:
+    """c1 keep-alive latency of a one-input embedding request and of /health per server, alternating
+    request by request (the first server rotating), over raw sockets."""
     import socket
     from urllib.parse import urlsplit
 
-    body = json.dumps({"inputs": "Instruct: Given a web search query, retrieve relevant passages\n"
-                                 "Query: what is the capital of france"}).encode()
+    path = ONE_INPUT_ROUTES[route]
+    payload: dict = {"inputs": ONE_INPUT} if route == "embed" else {"input": ONE_INPUT}
+    if model is not None and route == "openai":
+        payload["model"] = model
+    body = json.dumps(payload).encode()
     socks = {}
     for name, url in urls.items():
         u = urlsplit(url)
@@ -301,7 +311,7 @@ def one_input(urls: dict[str, str], *, requests: int = 1000) -> list[dict]:
     for i in range(requests):
         for name in names[i % len(names):] + names[: i % len(names)]:
             got[name]["health"].append(_http(socks[name], "GET", "/health")[0])
-            got[name]["embed"].append(_http(socks[name], "POST", "/embed", body)[0])
+            got[name]["embed"].append(_http(socks[name], "POST", path, body)[0])
     for s in socks.values():
         s.close()
     return [{"target": n, "embed_p50_ms": round(statistics.median(v["embed"]), 2),
@@ -362,6 +372,8 @@ def main(argv: list[str] | None = None) -> None:
     o = sub.add_parser("one-input")
     o.add_argument("--target", action="append", required=True, metavar="NAME=URL")
     o.add_argument("--requests", type=int, default=1000)
+    o.add_argument("--route", choices=sorted(ONE_INPUT_ROUTES), default="embed")
+    o.add_argument("--model", default=None, help="the body's model name (openai route)")
     f = sub.add_parser("forward-rate")
     f.add_argument("--model-dir", required=True)
     f.add_argument("--queries", type=int, default=64)
@@ -372,7 +384,8 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(forward_rate(a.model_dir, queries=a.queries, threshold=a.radix_mlp_threshold,
                                       cache=a.prefix_cache_size)))
     elif a.cmd == "one-input":
-        for row in one_input(dict(t.split("=", 1) for t in a.target), requests=a.requests):
+        for row in one_input(dict(t.split("=", 1) for t in a.target), requests=a.requests, route=a.route,
+                             model=a.model):
             print(json.dumps(row))
     elif a.cmd == "hops":
         for row in hops(preset=a.preset, reps=a.reps):
