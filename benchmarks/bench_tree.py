@@ -4,6 +4,7 @@
     python -m benchmarks.bench_tree rerank  [--layers 2] [--rounds 3]   # 1 query, 10/64 passages
     python -m benchmarks.bench_tree long    [--layers 2]                # 16k tokens: cache hit vs miss
     python -m benchmarks.bench_tree _long SIZE TREE [--models-root DIR]  # one case of it
+    python -m benchmarks.bench_tree ceiling                             # GFLOP/s of the pieces
 
 Invariant: the two paths run the same prepared batches in one process, alternating call by call
 (flat, tree, flat, tree, ...), so a shared machine's load hits both alike; the figures are
@@ -174,9 +175,56 @@ def long(args) -> None:
                             "--layers", str(args.layers), "--threads", str(args.threads)], check=True)
 
 
+def _gemm_unmasked(q, k, v, scale: float, rows: int = 128):
+    """The unmasked block as chunked GEMMs (scores, in-place softmax, times V), for comparison
+    with the flash kernel: q [Hkv, M, D] (query heads folded), k/v [Hkv, Lk, D]."""
+    out = torch.empty_like(q)
+    for a in range(0, q.shape[1], rows):
+        s = torch.bmm(q[:, a:a + rows] * scale, k.transpose(1, 2))  # [Hkv, rows, Lk]
+        m = s.amax(-1, keepdim=True)
+        s.sub_(m).exp_()
+        out[:, a:a + rows] = torch.bmm(s, v).div_(s.sum(-1, keepdim=True))  # [Hkv, rows, D]
+    return out
+
+
+def ceiling(args) -> None:
+    """Layer attention at B=16 P=2048 S=128 (Qwen3-0.6B heads): its FLOPs, this CPU's sgemm
+    rate, and the rate of each kernel call the tree path makes (process time, median of 3)."""
+    from models.attention_lse import block_lse  # noqa: PLC0415
+
+    def rate(flops: float, fn) -> tuple[float, float]:
+        fn()
+        ts = []
+        for _ in range(3):
+            t0 = time.process_time()
+            fn()
+            ts.append(time.process_time() - t0)
+        ms = statistics.median(ts) * 1e3
+        return ms, flops / ms / 1e6
+
+    a, b = torch.randn(1024, 1024), torch.randn(1024, 1024)
+    print(f"sgemm 1024^3: {rate(2 * 1024 ** 3 * 8, lambda: [a @ b for _ in range(8)])[1]:.1f} GFLOP/s")
+    h, hkv, d, s = 16, 8, 128, 128 ** -0.5
+    per_pair = h * 4 * d  # QK^T and PV, every head
+    calls = {  # name: (queries [g, H, Lq, D], keys [g, Hkv, Lk, D], causal, query-key pairs)
+        "prefix owner, causal 2176": ((1, h, 2176), (1, hkv, 2176), True, 2176 * 2177 // 2),
+        "shared prefix, 1920 x 2048": ((1, h, 1920), (1, hkv, 2048), False, 1920 * 2048),
+        "15 own blocks, causal 128": ((15, h, 128), (15, hkv, 128), True, 15 * 128 * 129 // 2)}
+    total = 0.0
+    for name, (qs, ks, causal, pairs) in calls.items():
+        q, k, v = torch.randn(*qs, d), torch.randn(*ks, d), torch.randn(*ks, d)
+        ms, gf = rate(pairs * per_pair, lambda: block_lse(q, k, v, causal=causal, scale=s))
+        total += pairs * per_pair
+        print(f"flash {name}: {ms:.0f} ms, {gf:.1f} GFLOP/s")
+    q, k, v = torch.randn(hkv, 2 * 1920, d), torch.randn(hkv, 2048, d), torch.randn(hkv, 2048, d)
+    ms, gf = rate(1920 * 2048 * per_pair, lambda: _gemm_unmasked(q, k, v, s))
+    print(f"chunked GEMMs, shared prefix: {ms:.0f} ms, {gf:.1f} GFLOP/s")
+    print(f"attention per layer: {total / 1e9:.1f} GFLOP")
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("forward", "rerank", "long", "_long"))
+    parser.add_argument("what", choices=("forward", "rerank", "long", "_long", "ceiling"))
     parser.add_argument("args", nargs="*")
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
@@ -191,7 +239,7 @@ def main(argv=None) -> None:
         size, tree = args.args
         _long_case(size, tree, layers=args.layers)
         return
-    {"forward": forward, "rerank": rerank, "long": long}[args.what](args)
+    {"forward": forward, "rerank": rerank, "long": long, "ceiling": ceiling}[args.what](args)
 
 
 if __name__ == "__main__":

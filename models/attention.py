@@ -11,7 +11,9 @@ The two portable paths here run on any device:
 - ``sdpa_varlen``: one SDPA call per run of equal-shape sequences (views, no copies). Fastest on
   CPU; on a GPU a compact batch, where owners rarely share (lq, lk), is one small launch each.
   On the CPU an owner with lq < lk builds no [lq, lk] mask: its keys are split into the prefix
-  (no mask) and its own block (causal), merged by log-sum-exp (``split_prefix``).
+  (no mask) and its own block (causal), merged by log-sum-exp (``split_prefix``), and a causal
+  run (lq == lk) is the same flash call as a tree's own block: K/V heads are not repeated per
+  query head where the kernel broadcasts them (models/attention_lse.py).
 - ``sdpa_padded``: sequences padded into a few [b, H, Lq, Lk] batches with bool masks built once
   per batch on the host (``AttnMeta.padded``): one SDPA call per layer in the common case.
 """
@@ -108,6 +110,10 @@ def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float
         vs = v[k0:k0 + count * lk].view(count, lk, kv_heads, dim).transpose(1, 2)
         if lq < lk and split:  # prefix keys (no mask) + the diagonal block (causal), merged
             outs.append(split_prefix(qs, ks, vs, lk - lq, scale=scale)
+                        .transpose(1, 2).reshape(count * lq, heads, dim))  # [g*lq, H, D]
+            continue
+        if split:  # lq == lk: the same causal kernel call, K/V heads as they are where it can
+            outs.append(block_lse(qs, ks, vs, causal=True, scale=scale)[0]
                         .transpose(1, 2).reshape(count * lq, heads, dim))  # [g*lq, H, D]
             continue
         if group > 1:

@@ -4,12 +4,16 @@ Invariant: softmax attention over keys K = K1 ∪ K2 equals the merge of the att
 over K2 weighted by exp(lse_i - lse), lse = log(exp(lse_1) + exp(lse_2)); so a query's keys can
 be split into blocks (a shared prefix without a mask, its own tokens causally) and nothing is
 approximated. The CPU kernel used here (aten's flash attention for the CPU) tiles queries and
-keys, so memory stays O(rows x keys-per-tile): no [Lq, Lk] mask or score matrix is ever built.
+keys, so memory stays O(rows x keys-per-tile): no [Lq, Lk] mask or score matrix is ever built,
+and where it takes fewer K/V heads than query heads (checked once, ``flash_takes_gqa``) K/V are
+never repeated per query head either.
 
 NOTE: the kernel's log-sum-exp output has no gradient, so these pieces serve inference only;
 callers take their masked, differentiable path when autograd needs the result (``needs_grad``).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 from torch import Tensor
@@ -22,13 +26,30 @@ def needs_grad(*tensors: Tensor) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
 
 
+@functools.cache
+def flash_takes_gqa() -> bool:
+    """True when the CPU flash kernel broadcasts K/V heads to query-head groups by itself (query
+    head h reads K/V head h // group), checked once against the repeated K/V on a tiny case."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 5, 8, generator=gen)  # [g, H, L, D]
+    k, v = torch.randn(2, 2, 2, 5, 8, generator=gen)  # [g, Hkv, L, D] each
+    try:
+        got = _CPU_FLASH(q, k, v, 0.0, True, scale=0.3)[0]
+    except RuntimeError:
+        return False
+    want = _CPU_FLASH(q, k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1), 0.0, True,
+                      scale=0.3)[0]
+    return got.shape == want.shape and torch.allclose(got, want, atol=1e-6)
+
+
 def block_lse(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
     """q [g, H, Lq, D], k/v [g, Hkv, Lk, D] -> (out [g, H, Lq, D], lse [g, H, Lq] float32).
 
     causal: query i sees keys j <= i (Lq == Lk, the diagonal block). Without it every query sees
     every key, and with fewer K/V heads the query heads of one group are folded into the query
-    axis ([g, Hkv, group*Lq, D]) so K/V are never repeated; the causal block repeats them (its
-    keys are the block's own rows, as many as its queries).
+    axis ([g, Hkv, group*Lq, D]) so K/V are never repeated; the causal block hands the kernel
+    the K/V heads as they are where it broadcasts them itself (``flash_takes_gqa``), else
+    repeats them (its keys are the block's own rows, as many as its queries).
     """
     g, heads, lq, dim = q.shape
     kv_heads = k.shape[1]
@@ -37,7 +58,7 @@ def block_lse(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float) ->
         qf = q.reshape(g, kv_heads, group * lq, dim)  # [g, Hkv, group*Lq, D] (heads are kv-major)
         out, lse = _CPU_FLASH(qf, k, v, 0.0, False, scale=scale)
         return out.reshape(g, heads, lq, dim), lse.reshape(g, heads, lq)
-    if group > 1:
+    if group > 1 and not flash_takes_gqa():
         k = k.repeat_interleave(group, dim=1)  # [g, H, Lk, D]
         v = v.repeat_interleave(group, dim=1)
     return _CPU_FLASH(q, k, v, 0.0, causal, scale=scale)

@@ -181,22 +181,23 @@ def plan_tree(cu_q, cu_k, kv_index, *, own_offset: int, heads: int, kv_heads: in
 
 
 def tree_cpu(q: Tensor, k: Tensor, v: Tensor, plan: TreePlan, *, scale: float) -> Tensor:
-    """q [Tq, H, D], k/v [source rows, Hkv, D] -> [Tq, H, D]: own calls, shared calls, merge."""
+    """q [Tq, H, D], k/v [source rows, Hkv, D] -> [Tq, H, D]: own calls, shared calls, merge.
+
+    The own calls write straight into one running accumulator (no per-run reshape, no cat);
+    the shared calls merge into it in place.
+    """
     heads, dim, kv_heads = q.shape[1], q.shape[2], k.shape[1]
-    outs, lses = [], []
+    acc = torch.promote_types(q.dtype, torch.float32)  # the running merge's dtype
+    out = q.new_empty(q.shape, dtype=acc)  # [Tq, H, D]
+    lse = q.new_empty(q.shape[:2], dtype=acc)  # [Tq, H]
     for q0, count, n in plan.own_runs:
-        a = plan.own_offset + q0
-        qs = q[q0:q0 + count * n].view(count, n, heads, dim).transpose(1, 2)  # [g, H, n, D]
+        a, rows = plan.own_offset + q0, slice(q0, q0 + count * n)
+        qs = q[rows].view(count, n, heads, dim).transpose(1, 2)  # [g, H, n, D]
         ks = k[a:a + count * n].view(count, n, kv_heads, dim).transpose(1, 2)  # [g, Hkv, n, D]
         vs = v[a:a + count * n].view(count, n, kv_heads, dim).transpose(1, 2)
-        o, lse = block_lse(qs, ks, vs, causal=True, scale=scale)  # [g, H, n, D], [g, H, n]
-        outs.append(o.transpose(1, 2).reshape(count * n, heads, dim))
-        lses.append(lse.transpose(1, 2).reshape(count * n, heads))
-    out = outs[0] if len(outs) == 1 else torch.cat(outs)  # [Tq, H, D]
-    if not plan.shared:
-        return out
-    out = out.to(torch.promote_types(out.dtype, torch.float32))  # the running merge's accumulator
-    lse = lses[0] if len(lses) == 1 else torch.cat(lses)  # [Tq, H]
+        o, l_ = block_lse(qs, ks, vs, causal=True, scale=scale)  # [g, H, n, D], [g, H, n]
+        out[rows].view(count, n, heads, dim).copy_(o.transpose(1, 2))
+        lse[rows].view(count, n, heads).copy_(l_.transpose(1, 2))
     for c in plan.shared:  # a call's rows are distinct: merged in place, a slice when contiguous
         qs = q[c.q0:c.q1] if c.q_index is None else q.index_select(0, c.q_index)  # [nq, H, D]
         o, l_ = block_lse(qs.transpose(0, 1)[None], k[c.k0:c.k1].transpose(0, 1)[None],
@@ -208,7 +209,7 @@ def tree_cpu(q: Tensor, k: Tensor, v: Tensor, plan: TreePlan, *, scale: float) -
             merged, new_lse = merge_two(out.index_select(0, c.q_index), lse.index_select(0, c.q_index), o, l_)
             out.index_put_((c.q_index,), merged)
             lse.index_put_((c.q_index,), new_lse)
-    return out.to(q.dtype)
+    return out if out.dtype == q.dtype else out.to(q.dtype)
 
 
 LseFn = Callable[..., tuple[Tensor, Tensor]]

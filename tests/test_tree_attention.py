@@ -72,6 +72,22 @@ def test_tree_path_matches_naive_float64(seqs, heads, pool_rows):
         + [np.zeros(0, np.int64)]).astype(np.int64)]))
 
 
+def test_tree_path_in_bfloat16_merges_in_float32():
+    """bf16 inputs: the own blocks and the merge accumulate in float32, the answer is bf16."""
+    fb = _compact([[1, 2, 3, 4, 5, 6], [1, 2, 3, 7], [1, 2, 3, 4, 8, 9], [5, 6]])
+    cu_q, cu_k = fb.attn.host_cu_seqlens_q, fb.attn.host_cu_seqlens_k
+    plan = plan_tree(cu_q, cu_k, fb.kv_host, own_offset=0, heads=4, kv_heads=2, head_dim=16,
+                     device="cpu", force=True)
+    assert plan is not None and plan.shared
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(fb.num_rows, 4, 16, generator=gen).bfloat16()
+    k, v = (torch.randn(fb.num_rows, 2, 16, generator=gen).bfloat16() for _ in range(2))
+    got = tree_cpu(q, k, v, plan, scale=0.25)
+    want = naive(q, k[fb.kv_host], v[fb.kv_host], list(cu_q), cu_k=list(cu_k), scale=0.25)
+    assert got.dtype == torch.bfloat16
+    assert (got.double() - want).abs().max().item() < 2e-2
+
+
 def test_planner_declines_a_layout_that_is_not_compact():
     # owner 1's last key is not its own first row: not the compact layout
     assert plan_tree([0, 2, 3], [0, 2, 4], np.array([0, 1, 0, 1]), own_offset=0, heads=2,
