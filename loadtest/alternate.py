@@ -25,7 +25,8 @@ import time
 import httpx
 
 from loadtest import scrape
-from loadtest.client import Progress, RunConfig, RunResult, check_url, record, scrape_metrics, send
+from loadtest.client import (Progress, RunConfig, RunResult, check_url, measured_requests, record, scrape_metrics,
+                             send)
 from loadtest.workloads import Request
 
 
@@ -46,9 +47,10 @@ async def run_async(requests: list[Request], cfg: RunConfig, urls: list[str]) ->
     if not urls:
         raise ValueError("need at least one target URL")
     urls = [check_url(u) for u in urls]
-    limit = cfg.requests if cfg.requests is not None else (None if cfg.duration else len(requests))
+    measured = measured_requests(requests, cfg)
+    limit = cfg.requests if cfg.requests is not None else (None if cfg.duration else len(measured))
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-    results = [RunResult(distinct=len(requests)) for _ in urls]
+    results = [RunResult(distinct=len(measured)) for _ in urls]
     busy = [0.0] * len(urls)  # seconds each target spent answering its measured requests
     one = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     async with contextlib.AsyncExitStack() as stack:
@@ -65,7 +67,7 @@ async def run_async(requests: list[Request], cfg: RunConfig, urls: list[str]) ->
         i = 0
         try:
             while (limit is None or i < limit) and (deadline is None or time.perf_counter() < deadline):
-                req = requests[i % len(requests)]
+                req = measured[i % len(measured)]
                 for k in rotation(cfg.warmup + i, len(urls)):  # warm-up rounds came first
                     results[k].sent += 1
                     status, seconds = await send(clients[k], urls[k], req)

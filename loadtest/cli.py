@@ -111,7 +111,11 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--requests", type=_positive_int, default=None,
                    help="requests to send (default: one pass over the data when --duration is unset)")
     g.add_argument("--duration", type=_positive_float, default=None, help="stop sending after this many seconds")
-    g.add_argument("--warmup", type=_non_negative_int, default=2, help="unmeasured requests first")
+    g.add_argument("--warmup", type=_non_negative_int, default=2,
+                   help="unmeasured requests first (the list's first ones, sent one at a time)")
+    g.add_argument("--warmup-continues", action="store_true",
+                   help="the measured run cycles over the requests after the warm-up's, so none is sent twice "
+                        "(default: it starts over at the first request)")
     g.add_argument("--timeout", type=_positive_float, default=120.0, help="per-request timeout (s)")
     g.add_argument("--api-key", default=None)
     g.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true",
@@ -190,7 +194,8 @@ def _chunking(a) -> documents.Chunking:
 
 def _run_config(a, url: str) -> RunConfig:
     return RunConfig(url=url, concurrency=a.concurrency, requests=a.requests, duration=a.duration,
-                     warmup=a.warmup, timeout=a.timeout, progress=not a.quiet, api_key=a.api_key)
+                     warmup=a.warmup, timeout=a.timeout, progress=not a.quiet, api_key=a.api_key,
+                     warmup_continues=a.warmup_continues)
 
 
 def _order_label(a) -> str:

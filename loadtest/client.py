@@ -1,6 +1,10 @@
 """Closed-loop async HTTP load generator: `concurrency` workers, each sends its next request as soon
 as the previous one answers, until `requests` are sent or `duration` seconds pass.
 
+The warm-up sends the list's first `warmup` requests one at a time, unmeasured. The measured run
+then starts over at the first request, or with `warmup_continues` cycles over the rest of the list
+only, so no warm-up request is sent twice (a repeat would read its whole text from a prefix cache
+and inflate the hit figures; see `measured_requests`).
 Only successful answers (HTTP 200 with one result per input item) enter the latency sample;
 everything else is counted by status ("429", "500", "connection", "timeout", "bad-response").
 /metrics is scraped after the warm-up and after the run so the server-side deltas cover exactly the
@@ -32,6 +36,7 @@ class RunConfig:
     progress: bool = True
     api_key: str | None = None
     metrics_urls: tuple[str, ...] = ()  # servers whose /metrics deltas add up (a router's replicas); () = url
+    warmup_continues: bool = False  # the measured run cycles over the requests after the warm-up's
 
 
 @dataclass
@@ -66,6 +71,17 @@ def _answer_ok(resp: httpx.Response, req: Request) -> bool:
     if req.route == "/v1/embeddings":
         data = data.get("data") if isinstance(data, dict) else None
     return isinstance(data, list) and len(data) == expected_count(req.body)
+
+
+def measured_requests(requests: list[Request], cfg: RunConfig) -> list[Request]:
+    """The list the measured run cycles over: all of `requests`, or with `cfg.warmup_continues`
+    those after the warm-up's first `cfg.warmup` (ValueError when none is left)."""
+    if not cfg.warmup_continues:
+        return requests
+    if cfg.warmup >= len(requests):
+        raise ValueError(f"--warmup-continues: the warm-up takes {cfg.warmup} of {len(requests)} requests, "
+                         "none is left to measure")
+    return requests[cfg.warmup:]
 
 
 async def scrape_metrics(client: httpx.AsyncClient, url: str) -> scrape.Snapshot | None:
@@ -197,9 +213,10 @@ async def run_async(requests: list[Request], cfg: RunConfig) -> RunResult:
     if cfg.concurrency < 1:
         raise ValueError("concurrency must be >= 1")
     url = check_url(cfg.url)
-    limit = cfg.requests if cfg.requests is not None else (None if cfg.duration else len(requests))
+    measured = measured_requests(requests, cfg)
+    limit = cfg.requests if cfg.requests is not None else (None if cfg.duration else len(measured))
     headers = {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
-    res = RunResult(distinct=len(requests))
+    res = RunResult(distinct=len(measured))
     pool = httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency)
     async with httpx.AsyncClient(timeout=cfg.timeout, limits=pool, headers=headers) as client:
         for i in range(cfg.warmup):  # answers not checked: whatever they are, they are not measured
@@ -217,7 +234,7 @@ async def run_async(requests: list[Request], cfg: RunConfig) -> RunResult:
                 i = next(counter)
                 if (limit is not None and i >= limit) or (deadline is not None and time.perf_counter() >= deadline):
                     return
-                req = requests[i % len(requests)]
+                req = measured[i % len(measured)]
                 res.sent += 1
                 status, seconds = await send(client, url, req)
                 record(res, req, status, seconds, time.perf_counter() - start)

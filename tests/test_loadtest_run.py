@@ -121,6 +121,48 @@ def test_run_against_fake_server(fake_server):
     assert res.metrics.mean_ratio == pytest.approx(sum(c / o for _, o, c in measured) / len(measured))
 
 
+def test_warmup_continues_sends_no_warmup_request_twice():
+    """With warmup_continues the measured run cycles over the requests after the warm-up's: the
+    server sees the warm-up's requests once, first, and the measured ones from the rest of the list;
+    the /metrics deltas count only the measured ones."""
+    import uvicorn
+
+    arrivals: list = []
+    app = _fake_app("fake", arrivals)
+    port = _free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        client.wait_healthy(url, timeout=20)
+        reqs = [workloads.Request("/embed", {"inputs": [f"text {i}", f"more {i}"]}, 2) for i in range(6)]
+        warmup, n = 2, 7  # 7 measured requests over the 4 after the warm-up: one pass and 3 repeats
+        cfg = client.RunConfig(url=url, concurrency=2, requests=n, warmup=warmup, progress=False,
+                               warmup_continues=True)
+        res = client.run(reqs, cfg)
+        texts = [t for _, t in arrivals]
+        assert texts[:warmup] == [tuple(r.body["inputs"]) for r in reqs[:warmup]]
+        rest = reqs[warmup:]
+        want = sorted(tuple(rest[i % len(rest)].body["inputs"]) for i in range(n))
+        assert sorted(texts[warmup:]) == want
+        assert res.ok == res.sent == n and res.distinct == len(rest)
+        measured = app.state.log[warmup:]
+        assert res.metrics.tokens_original == sum(o for _, o, _ in measured)
+        # Without it the measured run starts over at the list's first request.
+        arrivals.clear()
+        client.run(reqs, client.RunConfig(url=url, concurrency=1, requests=3, warmup=warmup, progress=False))
+        assert [t for _, t in arrivals] == [tuple(r.body["inputs"]) for r in reqs[:warmup] + reqs[:3]]
+        with pytest.raises(ValueError, match="none is left"):
+            client.run(reqs, client.RunConfig(url=url, requests=1, warmup=6, progress=False, warmup_continues=True))
+        a = cli.build_parser().parse_args(["run", "--url", url, "--warmup", "3", "--warmup-continues"])
+        assert cli._run_config(a, url).warmup_continues and not cli._run_config(
+            cli.build_parser().parse_args(["run", "--url", url]), url).warmup_continues
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
 def test_duration_bound_and_connection_errors(fake_server):
     url, _ = fake_server
     reqs = workloads.build_requests(_dataset(), "embed", batch_size=8)

@@ -189,6 +189,56 @@ def test_a_shared_prefix_lands_on_one_replica(cluster):
             assert r.status_code == 200 and r.headers["x-radixserve-replica"] == first[q]
 
 
+def _landing(client: httpx.Client, url: str, inputs: list[str], key: str | None = None) -> str:
+    """The replica that answered POST /embed {inputs}, or, with `key`, a rerank sent with that
+    X-Prefix-Key header (the header is the key as it is, so it names the replica of a key). The
+    replicas run a reranker, so /embed is the replica's own 400 naming the model kind: where the
+    router sent a body is what is read here."""
+    if key is not None:
+        r = rerank(client, url, "any query", headers={"X-Prefix-Key": key})
+        assert r.status_code == 200, r.text
+    else:
+        r = client.post(url + "/embed", json={"inputs": inputs}, timeout=60)
+        assert r.status_code == 400 and "kind 'embedding'" in r.json()["error"], r.text
+    return r.headers["x-radixserve-replica"]
+
+
+@needs_haproxy
+def test_inputs_key_by_what_the_first_two_share(cluster):
+    """A body with several inputs is keyed by the common prefix of its first two (cut after its last
+    line break past byte 64), so requests of one group meet on one replica however their items
+    start, while groups behind one long template spread; under 64 shared bytes, or with one input,
+    the key is the first input's first 64 bytes. Each landing is checked against the replica of the
+    key sent as X-Prefix-Key."""
+    router, _ = cluster
+    # 64 bytes the same for every group, then the group (the first-64-bytes rule would send all twelve
+    # groups to one replica); no spaces: the keys travel as header values too, which cannot end in
+    # one; a comma, which X-Prefix-Key keeps (req.fhdr, not req.hdr's comma-separated values)
+    template = "Represent-the-passage-for-retrieval-from-the-archive-of-the-library;number-{i},topic-{t}:"
+    with httpx.Client() as client:
+        spread = set()
+        for i in range(12):
+            shared = template.format(i=i, t=i * 7 % 13)
+            assert len(shared) >= 64 and "\n" not in shared and shared[:64] == template[:64]
+            key = "i:" + shared
+            where = _landing(client, router.url, [], key=key)
+            spread.add(where)
+            # the first two inputs diverge right after the shared text; the third does not matter
+            assert _landing(client, router.url, [shared + "alpha rivers", shared + "beta mountains", "x"]) == where
+            # they share a few more bytes ("the-tra"): the key grows by them, and is the header's again
+            assert _landing(client, router.url, [shared + "the-train", shared + "the-tram"]) == _landing(
+                client, router.url, [], key=key + "the-tra")
+            # a line break past byte 64 cuts the key there: passages that start alike change nothing
+            lined = shared + "\n<Document>: "
+            cut = _landing(client, router.url, [lined + "alpha", lined + "beta"])
+            assert _landing(client, router.url, [lined + "the-cat", lined + "the-dog", lined + "z"]) == cut
+            # one input, or two that share under 64 bytes: the first 64 bytes of the first input
+            first64 = _landing(client, router.url, [], key="i:" + shared[:64])
+            assert _landing(client, router.url, [shared + "alone"]) == first64
+            assert _landing(client, router.url, [shared + "one", shared[:40] + "two"]) == first64
+        assert len(spread) >= 2, f"12 groups behind one template all hashed to one replica: {spread}"
+
+
 def _tokens(replica: Replica) -> float:
     text = httpx.get(replica.url + "/metrics", timeout=5).text
     return scrape.parse(text).tokens_original or 0.0
@@ -298,6 +348,14 @@ def test_dns_variant_of_the_config_is_valid(where, tmp_path):
     assert all("${" + name in config for name in env), env
     env["RADIXSERVE_ROUTER_BIND"] = f"127.0.0.1:{free_port()}"  # -c binds nothing, but keep it loopback
     env["RADIXSERVE_ROUTER_STATS_BIND"] = f"127.0.0.1:{free_port()}"
+    # Both mount deploy/haproxy/ where the config's default Lua path points; here it is the checkout.
+    lua_default = "${RADIXSERVE_ROUTER_LUA-/usr/local/etc/haproxy/prefix_key.lua}"
+    assert lua_default in config and (ROOT / "deploy" / "haproxy" / "prefix_key.lua").is_file()
+    if where == "docker-compose.yml":
+        assert "./deploy/haproxy:/usr/local/etc/haproxy:ro" in docs[0]["services"]["router"]["volumes"]
+    else:
+        assert "--from-file=deploy/haproxy/prefix_key.lua" in (ROOT / where).read_text()
+    env["RADIXSERVE_ROUTER_LUA"] = str(ROOT / "deploy" / "haproxy" / "prefix_key.lua")
     check = subprocess.run([HAPROXY, "-c", "-f", str(ROOT / "deploy" / "haproxy" / "haproxy.cfg")],
                            env=dict(os.environ, **env), capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
