@@ -1,11 +1,12 @@
 """OpenMP wait policies side by side: the forward's median time in fresh processes, one per policy.
 
-    python -m benchmarks.bench_openmp --rounds 2
+    python -m benchmarks.bench_openmp --rounds 2 [--hogs 2] [--policies default passive spin10k]
 
 Each round starts one process per policy (the runtime reads its wait policy once, when torch is
 imported), in alternating order, and times ``runner.run`` in process on three shapes: the tiny
 test fixture with one 22-token input, and the 2-layer Qwen3-0.6B-shaped fixture with 1 and 16
-inputs. Prints one JSON line per process: median milliseconds per shape. The server's choice is
+inputs. ``--hogs N`` keeps N busy-looping processes running meanwhile (a host whose cores other
+work wants). Prints one JSON line per process: median milliseconds per shape. The server's choice is
 server/openmp.py; docs/benchmarks.md section 10e has the figures.
 """
 from __future__ import annotations
@@ -16,7 +17,8 @@ import os
 import subprocess
 import sys
 
-POLICIES = {"default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "spin10k": {"GOMP_SPINCOUNT": "10000"}}
+POLICIES = {"default": {}, "passive": {"OMP_WAIT_POLICY": "PASSIVE"}, "spin10k": {"GOMP_SPINCOUNT": "10000"},
+            "spin30k": {"GOMP_SPINCOUNT": "30000"}, "spin100k": {"GOMP_SPINCOUNT": "100000"}}
 SHAPES = (("tiny-embedding", 1, 150), ("qwen3-0.6b", 1, 20), ("qwen3-0.6b", 16, 6))  # preset, inputs, reps
 
 CHILD = r'''
@@ -48,16 +50,27 @@ print(json.dumps(out))
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--hogs", type=int, default=0, help="busy-looping processes running meanwhile")
+    p.add_argument("--policies", nargs="+", choices=sorted(POLICIES), default=list(POLICIES))
     a = p.parse_args(argv)
     base = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
-    order = list(POLICIES)
-    for i in range(a.rounds):
+    order = list(a.policies)
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.hogs)]
+    try:
+        _rounds(a.rounds, order, base)
+    finally:
+        for h in hogs:
+            h.kill()
+    return 0
+
+
+def _rounds(rounds: int, order: list[str], base: dict) -> None:
+    for i in range(rounds):
         for name in order if i % 2 == 0 else order[::-1]:
             proc = subprocess.run([sys.executable, "-c", CHILD, json.dumps(SHAPES)], capture_output=True, text=True,
                                   env={**base, **POLICIES[name]}, check=True)
             print(json.dumps({"round": i, "policy": name, "median_ms": json.loads(proc.stdout.splitlines()[-1])}),
                   flush=True)
-    return 0
 
 
 if __name__ == "__main__":

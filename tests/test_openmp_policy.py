@@ -1,7 +1,7 @@
 """The server's OpenMP wait policy reaches the OpenMP runtime torch loads, and a user's own wins.
 
 GNU OpenMP prints the wait settings it read when OMP_DISPLAY_ENV=VERBOSE: GOMP_SPINCOUNT '0' is
-PASSIVE, '300000' the runtime's default, '30000000000' ACTIVE.
+PASSIVE, '300000' the runtime's default, '30000000000' ACTIVE, '10000' the server's choice.
 """
 from __future__ import annotations
 
@@ -34,20 +34,22 @@ SERVE_ORDER = ("from server.openmp import apply_wait_policy; print(apply_wait_po
 
 def test_passive_unless_chosen_reaches_the_runtime():
     default, _ = _spin_count("import torch; torch.ones(64).sum()")
-    assert default != "0"  # without the server's choice the runtime spins
+    assert default == "300000"  # the runtime's own default
     spin, out = _spin_count(SERVE_ORDER)
-    assert spin == "0" and "PASSIVE" in out
+    assert spin == "10000" and "GOMP_SPINCOUNT=10000" in out
+    spin, out = _spin_count(SERVE_ORDER, OMP_WAIT_POLICY="PASSIVE")
+    assert spin == "0" and "OMP_WAIT_POLICY=PASSIVE" in out
     spin, out = _spin_count(SERVE_ORDER, OMP_WAIT_POLICY="ACTIVE")
     assert spin == "30000000000" and "OMP_WAIT_POLICY=ACTIVE" in out
     spin, out = _spin_count(SERVE_ORDER, GOMP_SPINCOUNT="1000")
-    assert spin == "1000" and "GOMP_SPINCOUNT=1000" in out
+    assert spin == "1000" and "GOMP_SPINCOUNT=1000 " not in out and "(GOMP_SPINCOUNT=1000)" in out
 
 
 def test_the_cli_applies_it_before_torch_loads(tmp_path):
     # main() fails on the missing model after importing the app (and torch): the runtime has read
     # the policy by then.
     spin, _ = _spin_count(f"import sys; from server.cli import main; sys.exit(main(['--model-id', '{tmp_path}/none']))")
-    assert spin == "0"
+    assert spin == "10000"
 
 
 def test_too_late_once_torch_is_loaded():
