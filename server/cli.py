@@ -166,9 +166,6 @@ def metrics_listener(config: ServerConfig, app) -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from server.openmp import apply_wait_policy
-
-    openmp_note = apply_wait_policy()  # NOTE: before anything imports torch (server.app does)
     from server.app import create_app, load_runner
     from server.http import listener, tracing
     from server.http.logs import setup_logging
@@ -178,7 +175,6 @@ def main(argv: list[str] | None = None) -> int:
     for note in notes:
         log.warning(note)
     export_hub_settings(config)
-    log.info(openmp_note)
     tune_switch_interval()
     log.info("loading %s", config.model_id)
     try:
