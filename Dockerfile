@@ -116,11 +116,16 @@ RUN python -m pip install . \
 
 # Memory: jemalloc instead of glibc's malloc for every process in the container (the bare
 # soname resolves on any architecture): under a churning load it settles where glibc keeps
-# growing, as fast or faster. The two capacities bound the per-shape primitive caches of the
+# growing. MALLOC_CONF: jemalloc's default purges allocations over 8 MiB (a batch's activations)
+# at once, so every op of a big forward faulted fresh pages in (0.90x glibc's items/s at full
+# load); oversize_threshold:0 keeps them under the normal 10 s decay (1.35x glibc's), and
+# background_thread:true returns idle pages without waiting for the next allocation
+# (docs/benchmarks.md, section 10g). The two capacities bound the per-shape primitive caches of the
 # packed CPU linears (torch's ideep LRU and oneDNN's own, 1024 entries each by default), which
-# otherwise grow by hundreds of MB when batch shapes vary (docs/benchmarks.md, section 8;
+# otherwise grow by hundreds of MB when batch shapes vary (docs/benchmarks.md, section 9;
 # docs/operations.md, "Memory (RSS) on the CPU"). `-e LD_PRELOAD=` turns jemalloc off.
 ENV LD_PRELOAD=libjemalloc.so.2 \
+    MALLOC_CONF=oversize_threshold:0,background_thread:true \
     LRU_CACHE_CAPACITY=64 \
     ONEDNN_PRIMITIVE_CACHE_CAPACITY=64
 
@@ -182,11 +187,16 @@ COPY --from=cuda-build --chown=radixserve:radixserve /opt/radixserve/torch_exten
 
 # Memory: jemalloc instead of glibc's malloc for every process in the container (the bare
 # soname resolves on any architecture): under a churning load it settles where glibc keeps
-# growing, as fast or faster. The two capacities bound the per-shape primitive caches of the
+# growing. MALLOC_CONF: jemalloc's default purges allocations over 8 MiB (a batch's activations)
+# at once, so every op of a big forward faulted fresh pages in (0.90x glibc's items/s at full
+# load); oversize_threshold:0 keeps them under the normal 10 s decay (1.35x glibc's), and
+# background_thread:true returns idle pages without waiting for the next allocation
+# (docs/benchmarks.md, section 10g). The two capacities bound the per-shape primitive caches of the
 # packed CPU linears (torch's ideep LRU and oneDNN's own, 1024 entries each by default), which
-# otherwise grow by hundreds of MB when batch shapes vary (docs/benchmarks.md, section 8;
+# otherwise grow by hundreds of MB when batch shapes vary (docs/benchmarks.md, section 9;
 # docs/operations.md, "Memory (RSS) on the CPU"). `-e LD_PRELOAD=` turns jemalloc off.
 ENV LD_PRELOAD=libjemalloc.so.2 \
+    MALLOC_CONF=oversize_threshold:0,background_thread:true \
     LRU_CACHE_CAPACITY=64 \
     ONEDNN_PRIMITIVE_CACHE_CAPACITY=64
 

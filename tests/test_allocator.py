@@ -56,8 +56,9 @@ def test_server_runs_under_the_images_jemalloc_preload(tiny_embedding_dir):
     from tests.test_deploy import dockerfile_stages, env_of
 
     image_env = env_of(next(st for st in dockerfile_stages((ROOT / "Dockerfile").read_text()) if st["name"] == "cpu"))
-    memory_env = {k: image_env[k] for k in ("LD_PRELOAD", "LRU_CACHE_CAPACITY", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
-    assert memory_env["LD_PRELOAD"] == PRELOAD
+    memory_env = {k: image_env[k] for k in ("LD_PRELOAD", "MALLOC_CONF", "LRU_CACHE_CAPACITY",
+                                            "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
+    assert memory_env["LD_PRELOAD"] == PRELOAD and "background_thread:true" in memory_env["MALLOC_CONF"]
     port = free_port()
     env = {**os.environ, **memory_env}
     argv = [sys.executable, "-c", "import sys; from server.cli import main; sys.exit(main())",
@@ -68,6 +69,9 @@ def test_server_runs_under_the_images_jemalloc_preload(tiny_embedding_dir):
         _wait_healthy(url, proc)
         maps = Path(f"/proc/{proc.pid}/maps").read_text()
         assert "libjemalloc" in maps  # the preload took: malloc is jemalloc's in the server
+        # ... and jemalloc read MALLOC_CONF: its purging thread runs (a typo'd option would not start it)
+        threads = [(t / "comm").read_text().strip() for t in Path(f"/proc/{proc.pid}/task").iterdir()]
+        assert any(name.startswith("jemalloc_bg_thd") for name in threads), threads
         got = np.array(httpx.post(url + "/embed", json={"inputs": TEXTS}, timeout=30).json())
     finally:
         proc.terminate()
