@@ -124,6 +124,23 @@ def test_index_fault_in_the_real_runner_fails_only_its_batch(tiny_embedding_dir,
     np.testing.assert_allclose(np.stack(res.outputs), direct.numpy(), atol=1e-5)
 
 
+async def _kill_mid_batch(sched: Scheduler, runner: FakeRunner, doomed_items, **kw) -> list:
+    """One batch held running, then ``doomed_items`` (the fatal ones) and two more requests queued
+    behind it; the batch is released, the pipeline dies, and a later submit gets WorkerDead.
+    Returns the four outcomes in that order (running, doomed, queued...)."""
+    running = asyncio.ensure_future(sched.submit(req_items(1, [3])))
+    await asyncio.to_thread(runner.running.wait, 5)
+    doomed = asyncio.ensure_future(sched.submit(doomed_items, **kw))
+    queued = [asyncio.ensure_future(sched.submit(req_items(r, [3]))) for r in (2, 3)]
+    await asyncio.sleep(0.05)
+    runner.gate.set()
+    outcomes = await asyncio.gather(running, doomed, *queued, return_exceptions=True)
+    await until(lambda: not sched.alive)
+    with pytest.raises(WorkerDead):
+        await sched.submit([[1, 2]])
+    return outcomes
+
+
 @pytest.mark.parametrize("where", ["worker", "prep"])
 def test_a_dead_thread_calls_on_death_once_and_fails_everything(where, monkeypatch):
     runner = FakeRunner(die_token=13 if where == "worker" else None)
@@ -140,17 +157,7 @@ def test_a_dead_thread_calls_on_death_once_and_fails_everything(where, monkeypat
                 return real(waiting, now)
 
             monkeypatch.setattr(sched._pipeline, "former", former)
-        running = asyncio.ensure_future(sched.submit(req_items(1, [3])))
-        await asyncio.to_thread(runner.running.wait, 5)
-        doomed = asyncio.ensure_future(sched.submit([[13, 13]]))
-        queued = [asyncio.ensure_future(sched.submit(req_items(r, [3]))) for r in (2, 3)]
-        await asyncio.sleep(0.05)
-        runner.gate.set()
-        outcomes = await asyncio.gather(running, doomed, *queued, return_exceptions=True)
-        await until(lambda: not sched.alive)
-        with pytest.raises(WorkerDead):
-            await sched.submit([[1, 2]])
-        return outcomes
+        return await _kill_mid_batch(sched, runner, [[13, 13]])
 
     # inline=False: the first batch must run on the worker while the prep thread dies.
     sched, outcomes = run_async(runner, go, max_batch_requests=1, on_death=deaths.append, inline=False)
@@ -257,17 +264,7 @@ def test_a_cuda_fault_ends_the_pipeline_and_fails_everything_pending(kind, caplo
     metrics = Metrics()
 
     async def go(sched):
-        running = asyncio.ensure_future(sched.submit(req_items(1, [3])))
-        await asyncio.to_thread(runner.running.wait, 5)
-        doomed = asyncio.ensure_future(sched.submit([[POISON, 1]], request_id="f00d"))
-        queued = [asyncio.ensure_future(sched.submit(req_items(r, [3]))) for r in (2, 3)]
-        await asyncio.sleep(0.05)
-        runner.gate.set()
-        outcomes = await asyncio.gather(running, doomed, *queued, return_exceptions=True)
-        await until(lambda: not sched.alive)
-        with pytest.raises(WorkerDead):
-            await sched.submit([[1, 2]])
-        return outcomes
+        return await _kill_mid_batch(sched, runner, [[POISON, 1]], request_id="f00d")
 
     caplog.set_level(logging.ERROR, logger="scheduler.pipeline")
     sched, outcomes = run_async(runner, go, max_batch_requests=1, on_death=deaths.append, metrics=metrics)
