@@ -98,8 +98,16 @@ def _pair(model: str, layers: int, kind: str | None = None) -> dict[str, Runner]
     path = fixtures.cached(model, layers=layers, kind=kind)
     base = load_runner(str(path), device="cpu", dtype="float32", prefix_cache_size=0,
                        radix_mlp_threshold=1.0)
+    _KERNEL["report"] = base.cpu_attention
+    if _KERNEL["force"] != "measured":  # override the choice made at load, for side-by-side tables
+        from models import attention_tiles
+        attention_tiles.set_enabled(_KERNEL["force"] == "tiles")
+    print(f"CPU attention blocks: {_KERNEL['report']}; this run: {_KERNEL['force']}", flush=True)
     return {"flat": dataclasses.replace(base, tree_attention="off"),
             "tree": dataclasses.replace(base, tree_attention="auto")}
+
+
+_KERNEL = {"force": "measured", "report": ""}
 
 
 def _row(label: str, res: dict, alone: dict[str, float]) -> str:
@@ -229,12 +237,15 @@ def main(argv=None) -> None:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--kernel", choices=("measured", "flash", "tiles"), default="measured",
+                        help="the CPU's attention blocks: as chosen at load, or forced")
     parser.add_argument("--models-root", default=None,
                         help="import models/ from this checkout (e.g. an older commit, for _long)")
     args = parser.parse_args(argv)
     if args.models_root:
         sys.path.insert(0, args.models_root)
     torch.set_num_threads(args.threads)
+    _KERNEL["force"] = args.kernel
     if args.what == "_long":
         size, tree = args.args
         _long_case(size, tree, layers=args.layers)

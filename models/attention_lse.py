@@ -3,10 +3,11 @@
 Invariant: softmax attention over keys K = K1 ∪ K2 equals the merge of the attention over K1 and
 over K2 weighted by exp(lse_i - lse), lse = log(exp(lse_1) + exp(lse_2)); so a query's keys can
 be split into blocks (a shared prefix without a mask, its own tokens causally) and nothing is
-approximated. The CPU kernel used here (aten's flash attention for the CPU) tiles queries and
-keys, so memory stays O(rows x keys-per-tile): no [Lq, Lk] mask or score matrix is ever built,
-and where it takes fewer K/V heads than query heads (checked once, ``flash_takes_gqa``) K/V are
-never repeated per query head either.
+approximated. The CPU kernels used here (aten's flash attention for the CPU, or for large blocks
+the oneDNN tiles of ``models.attention_tiles`` where ``select_cpu_kernel`` measured them faster
+at load) tile queries and keys, so memory stays O(rows x keys-per-tile): no [Lq, Lk] mask or
+score matrix is ever built, and where the flash kernel takes fewer K/V heads than query heads
+(checked once, ``flash_takes_gqa``) K/V are never repeated per query head either.
 
 NOTE: the kernel's log-sum-exp output has no gradient, so these pieces serve inference only;
 callers take their masked, differentiable path when autograd needs the result (``needs_grad``).
@@ -14,9 +15,13 @@ callers take their masked, differentiable path when autograd needs the result (`
 from __future__ import annotations
 
 import functools
+import math
+import time
 
 import torch
 from torch import Tensor
+
+from models import attention_tiles
 
 _CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
@@ -51,6 +56,13 @@ def block_lse(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float) ->
     the K/V heads as they are where it broadcasts them itself (``flash_takes_gqa``), else
     repeats them (its keys are the block's own rows, as many as its queries).
     """
+    if attention_tiles.use_tiles(q, k, causal=causal):
+        return attention_tiles.tiled_lse(q, k, v, causal=causal, scale=scale)
+    return flash_lse(q, k, v, causal=causal, scale=scale)
+
+
+def flash_lse(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    """block_lse through aten's CPU flash kernel, whatever the block's size."""
     g, heads, lq, dim = q.shape
     kv_heads = k.shape[1]
     group = heads // kv_heads
@@ -62,6 +74,75 @@ def block_lse(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float) ->
         k = k.repeat_interleave(group, dim=1)  # [g, H, Lk, D]
         v = v.repeat_interleave(group, dim=1)
     return _CPU_FLASH(q, k, v, 0.0, causal, scale=scale)
+
+
+def select_cpu_kernel(wanted: bool, *, heads: int, kv_heads: int, head_dim: int) -> str:
+    """Choose, for this process, whether large CPU blocks run as oneDNN tiles; say which and why.
+
+    Tiles serve only after they matched a float64 reference in the model's head layout and
+    measured at least ``MIN_GAIN`` times faster than the flash kernel at this process's thread
+    count, on blocks the size tiles serve (``_measure``); anything else keeps the flash kernel.
+    """
+    attention_tiles.set_enabled(False)
+    if not wanted:
+        return "flash (cpu_packed_weights off)"
+    if not torch.backends.mkldnn.is_available():
+        return "flash (this torch build has no oneDNN)"
+    try:
+        gain = _measure(heads, kv_heads, head_dim, torch.get_num_threads())
+    except (AssertionError, RuntimeError) as e:
+        return f"flash (oneDNN tiles failed their self-test: {e})"
+    threads = torch.get_num_threads()
+    if gain < MIN_GAIN:
+        return f"flash (oneDNN tiles ran {gain:.2f}x its speed at {threads} threads)"
+    attention_tiles.set_enabled(True)
+    return f"onednn-tiles for large blocks ({gain:.2f}x the flash kernel at {threads} threads)"
+
+
+MIN_GAIN = 1.1  # tiles must beat the flash kernel by this much at load, or it stays
+
+
+@functools.cache
+def _measure(heads: int, kv_heads: int, head_dim: int, threads: int) -> float:
+    """flash time / tiles time (best of 2, alternating) over a causal 2048-row block and 1024
+    queries x 2048 keys (the smallest blocks tiles serve, for two query heads per K/V head),
+    after checking tiles against float64 on a causal 600-row block and 130 x 700 (every kind of
+    tile: full, diagonal, tail, padded rows). Raises AssertionError on a mismatch. Cached: once
+    per process, model shape and thread count."""
+    gen = torch.Generator().manual_seed(0)
+
+    def block(lq: int, lk: int) -> tuple[Tensor, Tensor, Tensor]:
+        q = torch.randn(1, heads, lq, head_dim, generator=gen)
+        k, v = torch.randn(2, 1, kv_heads, lk, head_dim, generator=gen)
+        return q, k, v
+
+    scale = 1.0 / math.sqrt(head_dim)
+    with torch.inference_mode():
+        for lq, lk, causal in ((600, 600, True), (130, 700, False)):
+            q, k, v = block(lq, lk)
+            got, got_lse = attention_tiles.tiled_lse(q, k, v, causal=causal, scale=scale)
+            want, want_lse = _reference(q, k, v, causal=causal, scale=scale)
+            err = max(float((got.double() - want).abs().max()), float((got_lse.double() - want_lse).abs().max()))
+            assert err <= 1e-4, f"max error {err:.2e} against float64"
+        cases = [(*block(2048, 2048), True), (*block(1024, 2048), False)]
+        best = {"flash": math.inf, "tiles": math.inf}
+        for _ in range(2):
+            for name, fn in (("flash", flash_lse), ("tiles", attention_tiles.tiled_lse)):
+                t0 = time.perf_counter()
+                for q, k, v, causal in cases:
+                    fn(q, k, v, causal=causal, scale=scale)
+                best[name] = min(best[name], time.perf_counter() - t0)
+    return best["flash"] / best["tiles"]
+
+
+def _reference(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    """Attention and its log-sum-exp in float64 with a dense mask: the self-test's reference."""
+    group = q.shape[1] // k.shape[1]
+    q, k, v = q.double(), k.double().repeat_interleave(group, 1), v.double().repeat_interleave(group, 1)
+    scores = q @ k.transpose(-1, -2) * scale  # [g, H, Lq, Lk]
+    if causal:
+        scores = scores.masked_fill(torch.ones(scores.shape[-2:], dtype=torch.bool).triu(1), -math.inf)
+    return torch.softmax(scores, -1) @ v, torch.logsumexp(scores, -1)
 
 
 def _acc(t: Tensor) -> torch.dtype:

@@ -21,6 +21,7 @@ from tokenizers import Tokenizer
 
 import kernels
 from models.attention import to_device
+from models.attention_lse import select_cpu_kernel
 from models.attention_select import select_backend
 from models.batch import ForwardBatch, build_forward_batch
 from models.config import ModelConfig
@@ -93,6 +94,8 @@ class Runner:
     tree_path: TreeBackend | None = None
     tree_rejected: dict[str, str] = field(default_factory=dict)
     linear: str = "F.linear"  # "onednn-packed" when models.linear packed the weights
+    # the CPU's attention blocks: "flash (why)" or "onednn-tiles ..." (attention_lse.select_cpu_kernel)
+    cpu_attention: str = "flash"
     # weights_bytes; on CUDA allocated_bytes and reserved_bytes after load (models.loader.memory_report)
     memory: dict[str, int] = field(default_factory=dict)
     # the prefix cache's size: tokens, bytes, bytes_per_token and why (`auto`'s rule and figures)
@@ -335,6 +338,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     memory = memory_report(model, device)
     log.info("weights loaded: %s", describe_memory(memory))
     linear = _pack(model, device=device, dtype=dtype, wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
+    cpu_attention = _cpu_attention(cfg, device=device, dtype=dtype, wanted=cpu_packed_weights)
 
     prompts, default_prompt_name = _prompts(model_dir)
     pooling = pooling or detect_pooling(model_dir)
@@ -350,6 +354,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         yes_id=yes_id, no_id=no_id, radix_mlp_threshold=radix_mlp_threshold,
         attention_rejected=dict(backend.rejected), linear=linear, memory=memory,
         tree_attention=tree_attention, tree_path=tree_path, tree_rejected=tree_rejected,
+        cpu_attention=cpu_attention,
     )
     runner.prefix_cache, runner.prefix_cache_report = start_prefix_cache(runner, prefix_cache_size,
                                                                          max_batch_tokens=max_batch_tokens)
@@ -371,6 +376,16 @@ def _pack(model: Qwen3Model, *, device: torch.device, dtype: torch.dtype, wanted
     (log.warning if device.type == "cpu" and dtype == torch.float32 else log.info)(
         "linear layers: F.linear (%s)", reason)
     return "F.linear"
+
+
+def _cpu_attention(cfg: ModelConfig, *, device: torch.device, dtype: torch.dtype, wanted: bool) -> str:
+    """Which kernel serves the CPU's attention blocks (measured at load; logged); "" off the CPU."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return ""
+    report = select_cpu_kernel(wanted, heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
+                               head_dim=cfg.head_dim)
+    log.info("CPU attention blocks: %s", report)
+    return report
 
 
 def namespace_groups(namespaces) -> np.ndarray | None:

@@ -1,0 +1,171 @@
+"""Attention over one key block in fixed-size oneDNN GEMM tiles, with its log-sum-exp (CPU fp32).
+
+Why: aten's CPU flash kernel multiplies through the BLAS sgemm, and on CPUs where that sgemm is
+not the fastest GEMM the process has, attention runs well below the linears. On the dev CPU (an
+AMD EPYC with AVX-512) MKL's sgemm runs ~105 GFLOP/s single-threaded while oneDNN's matmul, the
+one behind the packed linears, runs ~250; a large attention block in 128 x 512 tiles through
+oneDNN runs 1.2-1.5x faster than the flash kernel (docs/benchmarks.md, section 11d). Where
+that is not so (an Intel CPU whose MKL takes its AVX-512 path), ``enable`` measures it at load
+and keeps the flash kernel.
+
+Contract: ``tiled_lse(q, k, v, causal=, scale=)`` returns what ``attention_lse.block_lse`` returns,
+(out [g, H, Lq, D], lse [g, H, Lq] float32), equal up to fp32 summation order. Queries go in
+tiles of ``TILE_Q`` per head, the heads of one K/V group folded into the GEMM's rows; keys in
+tiles of ``TILE_K`` wherever every query of the tile sees every key of it, else in tiles of
+``TILE_Q`` (the causal diagonal, the tail), masked there only. Tiles are merged exactly by their
+running max and sum (online softmax). Fixed tile shapes mean three oneDNN primitives per model
+(no per-shape cache growth) and memory O(tile rows x TILE_K) for the scores.
+
+NOTE: inference only; ``use_tiles`` says no under autograd, off the CPU, outside float32, and
+for blocks too small to fill their tiles, where the flash kernel is as fast or faster
+(measured: 128-row causal blocks ran 41 GFLOP/s as flash, 10 as half-empty tiles).
+"""
+from __future__ import annotations
+
+import functools
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+TILE_Q = 128  # query rows per head in one tile
+TILE_K = 512  # keys in one unmasked tile (a multiple of TILE_Q)
+# Blocks with fewer (query row x key) pairs per K/V head, the group's heads folded in, stay on
+# the flash kernel: at two threads a 256-row x 2048-key block ran 0.73x as tiles, 1024 x 2048
+# plus a causal 1024 1.03x, 3840 x 2048 1.38x (docs/benchmarks.md, section 11d).
+MIN_PAIRS = 1 << 22
+_NEG = float("-inf")
+# Process-wide, like the kernel itself: set once at load (attention_lse.select_cpu_kernel)
+_state = {"on": False}
+
+
+def set_enabled(on: bool) -> None:
+    """Let ``use_tiles`` choose tiles (True) or keep every block on the flash kernel."""
+    _state["on"] = bool(on)
+
+
+def _mm_t(x: Tensor, w: Tensor) -> Tensor:
+    """x [M, K] @ w[N, K].T -> [M, N] through oneDNN's linear. NOTE: w must be contiguous: a
+    strided weight was measured ~1000x slower."""
+    return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
+
+
+def key_tiles(q0: int, q1: int, lk: int, causal: bool) -> list[tuple[int, int]]:
+    """(start, size) of the key tiles that query rows [q0, q1) read: TILE_K tiles while every
+    query sees all their keys, then TILE_Q tiles up to the last key any of them sees."""
+    end = q1 if causal else lk
+    unmasked = q0 if causal else lk
+    tiles, c = [], 0
+    while c + TILE_K <= unmasked:
+        tiles.append((c, TILE_K))
+        c += TILE_K
+    while c < end:
+        tiles.append((c, TILE_Q))
+        c += TILE_Q
+    return tiles
+
+
+def use_tiles(q: Tensor, k: Tensor, *, causal: bool) -> bool:
+    """True when ``tiled_lse`` should serve this block: enabled at load, CPU float32 without
+    autograd, and big enough that its tiles are mostly full."""
+    if not _state["on"] or q.device.type != "cpu" or q.dtype != torch.float32:
+        return False
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad):
+        return False
+    lq, lk, group = q.shape[2], k.shape[2], q.shape[1] // k.shape[1]
+    if causal:
+        return lq >= TILE_K and group * lq * (lq + 1) // 2 >= MIN_PAIRS
+    return lk >= TILE_K and lq >= TILE_Q and group * lq * lk >= MIN_PAIRS
+
+
+def tiled_lse(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    """q [g, H, Lq, D], k/v [g, Hkv, Lk, D] -> (out [g, H, Lq, D], lse [g, H, Lq] float32).
+
+    causal: query i sees keys j <= i (Lq == Lk). Query heads h of K/V head h // group. With more
+    than one torch thread, the (sequence, K/V head) items run on that many worker threads of one
+    torch thread each (``_pool``): a tile's GEMMs are too small to split across threads."""
+    g, heads, lq, dim = q.shape
+    kv_heads, lk = k.shape[1], k.shape[2]
+    group = heads // kv_heads
+    nq, tq = -(-lq // TILE_Q), TILE_Q
+    nk_small, nk_big = -(-lk // tq), lk // TILE_K
+    # queries: [g, Hkv, group, nq*tq, D] -> [g, Hkv, nq, group, tq, D], so a tile is one block
+    qp = F.pad(q.unflatten(1, (kv_heads, group)), (0, 0, 0, nq * tq - lq))
+    qp = (qp.unflatten(3, (nq, tq)).transpose(2, 3) * scale).contiguous()
+    kp = F.pad(k, (0, 0, 0, nk_small * tq - lk)).contiguous()  # [g, Hkv, nk_small*tq, D]
+    vp = F.pad(v, (0, 0, 0, nk_small * tq - lk))
+    # V as [D, tile] blocks, the weight layout of the second GEMM: [g, Hkv, n, D, tile]
+    v_small = vp.unflatten(2, (nk_small, tq)).transpose(-1, -2).contiguous()
+    v_big = v[:, :, :nk_big * TILE_K].unflatten(2, (nk_big, TILE_K)).transpose(-1, -2).contiguous()
+    out = q.new_empty(g, kv_heads, nq, group * tq, dim)
+    lse = torch.empty(g, kv_heads, nq, group * tq, 1)
+    diag = torch.ones(tq, tq, dtype=torch.bool).triu_(1) if causal else None  # [tq, tq]
+
+    def item(b: int, h: int) -> None:
+        with torch.inference_mode():  # a worker thread does not inherit the caller's mode
+            for t in range(nq):
+                o, m, s = _one_tile(qp[b, h, t].view(group * tq, dim), kp[b, h], v_small[b, h],
+                                    v_big[b, h], key_tiles(t * tq, min(lq, t * tq + tq), lk, causal),
+                                    lk=lk, diag=diag, group=group)
+                torch.div(o, s, out=out[b, h, t])
+                torch.add(m, s.log(), out=lse[b, h, t])
+
+    _run_items(item, [(b, h) for b in range(g) for h in range(kv_heads)])
+    # [g, Hkv, nq, group*tq, D] -> [g, H, Lq, D]
+    out = out.unflatten(3, (group, tq)).transpose(2, 3).flatten(3, 4)[..., :lq, :]
+    lse_ = lse.squeeze(-1).unflatten(3, (group, tq)).transpose(2, 3).flatten(3, 4)[..., :lq]
+    return out.reshape(g, heads, lq, dim), lse_.reshape(g, heads, lq)
+
+
+def _run_items(fn: Callable[[int, int], None], items: list[tuple[int, int]]) -> None:
+    """fn(*item) for every item: inline with one torch thread, else spread over the pool."""
+    threads = torch.get_num_threads()
+    if threads <= 1 or len(items) == 1:
+        for it in items:
+            fn(*it)
+        return
+    pool = _pool(threads)
+    for f in [pool.submit(fn, *it) for it in items]:
+        f.result()  # re-raises a worker's error here
+
+
+@functools.cache
+def _pool(threads: int) -> ThreadPoolExecutor:
+    """`threads` workers, each with one torch (OpenMP) thread: their own setting, the caller's
+    stays as it is."""
+    return ThreadPoolExecutor(threads, thread_name_prefix="attn-tiles",
+                              initializer=torch.set_num_threads, initargs=(1,))
+
+
+def _one_tile(x: Tensor, k: Tensor, v_small: Tensor, v_big: Tensor, tiles: list[tuple[int, int]],
+              *, lk: int, diag: Tensor | None, group: int) -> tuple[Tensor, Tensor, Tensor]:
+    """One query tile x [group*tq, D] over its key tiles -> (unnormalised out [rows, D], running
+    max [rows, 1], running sum [rows, 1]). Every row sees at least one key of every tile.
+
+    diag: the causal mask [tq, tq]; the last tile is then the diagonal one (it starts at the
+    query tile's first row)."""
+    o = m = s = None
+    last = len(tiles) - 1
+    for i, (c0, size) in enumerate(tiles):
+        sc = _mm_t(x, k[c0:c0 + size])  # [rows, size] scores (q already scaled)
+        if diag is not None and i == last:
+            sc.view(group, TILE_Q, size).masked_fill_(diag, _NEG)  # [group, tq, tq]
+        elif c0 + size > lk:
+            sc[:, lk - c0:] = _NEG  # keys past the block's end (padding)
+        mt = sc.amax(-1, keepdim=True)
+        sc.sub_(mt).exp_()
+        st = sc.sum(-1, keepdim=True)
+        vt = v_big[c0 // TILE_K] if size == TILE_K else v_small[c0 // TILE_Q]  # [D, size]
+        ot = _mm_t(sc, vt)  # [rows, D]
+        if o is None:
+            o, m, s = ot, mt, st
+            continue
+        mn = torch.maximum(m, mt)
+        a, b = (m - mn).exp_(), (mt - mn).exp_()
+        o.mul_(a).add_(ot.mul_(b))
+        s = s * a + st * b
+        m = mn
+    assert o is not None and m is not None and s is not None  # every query tile reads a key
+    return o, m, s
