@@ -56,11 +56,11 @@ def alternate(runners: dict[str, Runner], seqs, rounds: int) -> dict[str, dict]:
     info = {}
     for r in range(rounds + 1):  # round 0 warms both up and is not counted
         for name, runner in runners.items():
-            t0 = time.process_time()
+            t0 = _clock()
             prepared = runner.prepare(ids, cu)
-            t1 = time.process_time()
+            t1 = _clock()
             runner.run(prepared)
-            t2 = time.process_time()
+            t2 = _clock()
             if r:
                 preps[name].append((t1 - t0) * 1e3)
                 times[name].append((t2 - t1) * 1e3)
@@ -84,10 +84,10 @@ def attention_alone(runners: dict[str, Runner], seqs, rounds: int) -> dict[str, 
     with torch.inference_mode():
         for r in range(rounds + 1):
             for name, fb in batches.items():
-                t0 = time.process_time()
+                t0 = _clock()
                 attn.attend(q, k, v, fb)
                 if r:
-                    times[name].append((time.process_time() - t0) * 1e3)
+                    times[name].append((_clock() - t0) * 1e3)
     return {n: statistics.median(t) for n, t in times.items()}
 
 
@@ -98,16 +98,27 @@ def _pair(model: str, layers: int, kind: str | None = None) -> dict[str, Runner]
     path = fixtures.cached(model, layers=layers, kind=kind)
     base = load_runner(str(path), device="cpu", dtype="float32", prefix_cache_size=0,
                        radix_mlp_threshold=1.0)
-    _KERNEL["report"] = base.cpu_attention
-    if _KERNEL["force"] != "measured":  # override the choice made at load, for side-by-side tables
-        from models import attention_tiles
-        attention_tiles.set_enabled(_KERNEL["force"] == "tiles")
-    print(f"CPU attention blocks: {_KERNEL['report']}; this run: {_KERNEL['force']}", flush=True)
+    _force_kernel(base.cpu_attention)
     return {"flat": dataclasses.replace(base, tree_attention="off"),
             "tree": dataclasses.replace(base, tree_attention="auto")}
 
 
-_KERNEL = {"force": "measured", "report": ""}
+_KERNEL = {"force": "measured"}
+_CLOCKS = {"cpu": time.process_time, "wall": time.perf_counter}
+_CLOCK = {"name": "cpu"}
+
+
+def _clock() -> float:
+    """The benchmark's clock: the process's CPU time (default) or wall time (--clock wall)."""
+    return _CLOCKS[_CLOCK["name"]]()
+
+
+def _force_kernel(report: str) -> None:
+    """Keep the load's choice of CPU attention kernel, or override it (--kernel), and say which."""
+    if _KERNEL["force"] != "measured":  # for side-by-side tables of the two kernels
+        from models import attention_tiles
+        attention_tiles.set_enabled(_KERNEL["force"] == "tiles")
+    print(f"CPU attention blocks: {report}; this run: {_KERNEL['force']}", file=sys.stderr, flush=True)
 
 
 def _row(label: str, res: dict, alone: dict[str, float]) -> str:
@@ -164,13 +175,14 @@ def _long_case(size: str, tree: str, layers: int) -> None:
     extra: dict[str, Any] = {} if tree == "-" else {"tree_attention": tree}
     runner = load_runner(str(fixtures.cached("qwen3-0.6b", layers=layers)), device="cpu",
                          dtype="float32", prefix_cache_size=size, **extra)
+    _force_kernel(getattr(runner, "cpu_attention", "-"))
     rng = np.random.default_rng(0)
     head = rng.integers(100, 5000, 20).tolist()
     runner.run(runner.prepare(*_pack([head + rng.integers(100, 5000, 12).tolist()])))
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    t0 = time.process_time()
+    t0 = _clock()
     runner.run(runner.prepare(*_pack([head + rng.integers(100, 5000, 16384 - 20).tolist()])))
-    dt = time.process_time() - t0
+    dt = _clock() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     print(f"| cache {size}, tree {tree} | {dt:.1f} | +{(peak - base) / 1024:.0f} |", flush=True)
 
@@ -180,7 +192,8 @@ def long(args) -> None:
     for _ in range(args.rounds):
         for size, tree in (("auto", "auto"), ("0", "auto"), ("auto", "off")):
             subprocess.run([sys.executable, "-m", "benchmarks.bench_tree", "_long", size, tree,
-                            "--layers", str(args.layers), "--threads", str(args.threads)], check=True)
+                            "--layers", str(args.layers), "--threads", str(args.threads),
+                            "--kernel", args.kernel, "--clock", args.clock], check=True)
 
 
 def _gemm_unmasked(q, k, v, scale: float, rows: int = 128):
@@ -204,9 +217,9 @@ def ceiling(args) -> None:
         fn()
         ts = []
         for _ in range(3):
-            t0 = time.process_time()
+            t0 = _clock()
             fn()
-            ts.append(time.process_time() - t0)
+            ts.append(_clock() - t0)
         ms = statistics.median(ts) * 1e3
         return ms, flops / ms / 1e6
 
@@ -239,6 +252,8 @@ def main(argv=None) -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--kernel", choices=("measured", "flash", "tiles"), default="measured",
                         help="the CPU's attention blocks: as chosen at load, or forced")
+    parser.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                        help="CPU time of the process (default: steadier on a shared box) or wall time")
     parser.add_argument("--models-root", default=None,
                         help="import models/ from this checkout (e.g. an older commit, for _long)")
     args = parser.parse_args(argv)
@@ -246,6 +261,7 @@ def main(argv=None) -> None:
         sys.path.insert(0, args.models_root)
     torch.set_num_threads(args.threads)
     _KERNEL["force"] = args.kernel
+    _CLOCK["name"] = args.clock
     if args.what == "_long":
         size, tree = args.args
         _long_case(size, tree, layers=args.layers)

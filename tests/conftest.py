@@ -42,6 +42,19 @@ def tiny_reranker_dir(fixture_root):
     return fixtures.cached("tiny-reranker", root=fixture_root)
 
 
+@pytest.fixture(scope="module")
+def reranker_oracle(tiny_reranker_dir):
+    """transformers' own Qwen3 causal LM on the tiny reranker: scores to compare forwards with."""
+    from transformers import AutoModelForCausalLM
+
+    from models.runner import load_runner
+    from tests.test_model_forward import Oracle
+
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_reranker_dir), dtype=torch.float32).eval()
+    probe = load_runner(str(tiny_reranker_dir), device="cpu", dtype="float32", prefix_cache_size=0)
+    return Oracle(hf, causal_lm=True, yes_no=(probe.yes_id, probe.no_id))
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(fixture_root):
     from models import fixtures

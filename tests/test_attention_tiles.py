@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from models import attention_lse, attention_tiles
 from models.attention_tiles import key_tiles, tiled_lse, use_tiles
 from models.runner import load_runner
-from tests.test_tree_attention import _check_batches, reranker_oracle  # noqa: F401 (fixture)
+from tests.test_tree_attention import _check_batches
 
 TOL = 1e-4
 
@@ -149,7 +149,7 @@ _TILED_RUNNERS: dict[tuple[str, str], object] = {}
 
 
 @pytest.mark.parametrize("policy", ["on", "off"])
-def test_forward_with_tiles_matches_transformers(reranker_oracle, tiny_reranker_dir, small_tiles,  # noqa: F811
+def test_forward_with_tiles_matches_transformers(reranker_oracle, tiny_reranker_dir, small_tiles,
                                                  threads, policy):
     """Every attention block of the forward through (small) tiles: deep and wide tries, a single
     long sequence, prefix-cache hits mid-block; tree attention on and off."""

@@ -25,7 +25,6 @@ from models.radix import build_index, positions_from_cu_seqlens
 from models.runner import load_runner
 from models.tree_attention import plan_tree, tree_cpu
 from tests.test_model_attention import naive
-from tests.test_model_forward import Oracle
 
 TOL = 1e-4
 # tries over a 3-token alphabet: deep shared runs, sequences that are prefixes of others, duplicates
@@ -136,15 +135,6 @@ def test_auto_choice():
     assert len(forced.shared) > 100 and forced.estimate[0] > forced.estimate[1]
     assert plan_tree(fb.attn.host_cu_seqlens_q, fb.attn.host_cu_seqlens_k, fb.kv_host,
                      own_offset=0, **shape) is None
-
-
-@pytest.fixture(scope="module")
-def reranker_oracle(tiny_reranker_dir):
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(str(tiny_reranker_dir), dtype=torch.float32).eval()
-    probe = load_runner(str(tiny_reranker_dir), device="cpu", dtype="float32", prefix_cache_size=0)
-    return Oracle(hf, causal_lm=True, yes_no=(probe.yes_id, probe.no_id))
 
 
 _RUNNERS: dict[str, object] = {}
