@@ -146,9 +146,10 @@ def _one_tile(x: Tensor, k: Tensor, v_small: Tensor, v_big: Tensor, tiles: list[
 
     diag: the causal mask [tq, tq]; the last tile is then the diagonal one (it starts at the
     query tile's first row)."""
-    o = m = s = None
     last = len(tiles) - 1
-    for i, (c0, size) in enumerate(tiles):
+
+    def partial(i: int) -> tuple[Tensor, Tensor, Tensor]:
+        c0, size = tiles[i]
         sc = _mm_t(x, k[c0:c0 + size])  # [rows, size] scores (q already scaled)
         if diag is not None and i == last:
             sc.view(group, TILE_Q, size).masked_fill_(diag, _NEG)  # [group, tq, tq]
@@ -156,16 +157,15 @@ def _one_tile(x: Tensor, k: Tensor, v_small: Tensor, v_big: Tensor, tiles: list[
             sc[:, lk - c0:] = _NEG  # keys past the block's end (padding)
         mt = sc.amax(-1, keepdim=True)
         sc.sub_(mt).exp_()
-        st = sc.sum(-1, keepdim=True)
         vt = v_big[c0 // TILE_K] if size == TILE_K else v_small[c0 // TILE_Q]  # [D, size]
-        ot = _mm_t(sc, vt)  # [rows, D]
-        if o is None:
-            o, m, s = ot, mt, st
-            continue
+        return _mm_t(sc, vt), mt, sc.sum(-1, keepdim=True)  # [rows, D], [rows, 1], [rows, 1]
+
+    o, m, s = partial(0)
+    for i in range(1, len(tiles)):
+        ot, mt, st = partial(i)
         mn = torch.maximum(m, mt)
         a, b = (m - mn).exp_(), (mt - mn).exp_()
         o.mul_(a).add_(ot.mul_(b))
         s = s * a + st * b
         m = mn
-    assert o is not None and m is not None and s is not None  # every query tile reads a key
     return o, m, s
