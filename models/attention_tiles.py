@@ -4,7 +4,7 @@ Why: aten's CPU flash kernel multiplies through the BLAS sgemm, and on CPUs wher
 not the fastest GEMM the process has, attention runs well below the linears. On the dev CPU (an
 AMD EPYC with AVX-512) MKL's sgemm runs ~105 GFLOP/s single-threaded while oneDNN's matmul, the
 one behind the packed linears, runs ~250; a large attention block in 128 x 512 tiles through
-oneDNN runs 1.2-1.5x faster than the flash kernel (docs/benchmarks.md, section 11d). Where
+oneDNN runs 1.2-1.5x faster than the flash kernel (docs/benchmarks.md, section 11e). Where
 that is not so (an Intel CPU whose MKL takes its AVX-512 path), ``enable`` measures it at load
 and keeps the flash kernel.
 
@@ -18,7 +18,7 @@ running max and sum (online softmax). Fixed tile shapes mean three oneDNN primit
 
 NOTE: inference only; ``use_tiles`` says no under autograd, off the CPU, outside float32, and
 for blocks too small to fill their tiles, where the flash kernel is as fast or faster
-(measured: 128-row causal blocks ran 41 GFLOP/s as flash, 10 as half-empty tiles).
+(a 128-row causal block is mostly padding and mask as a tile).
 """
 from __future__ import annotations
 
@@ -27,14 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 TILE_Q = 128  # query rows per head in one tile
 TILE_K = 512  # keys in one unmasked tile (a multiple of TILE_Q)
 # Blocks with fewer (query row x key) pairs per K/V head, the group's heads folded in, stay on
-# the flash kernel: at two threads a 256-row x 2048-key block ran 0.73x as tiles, 1024 x 2048
-# plus a causal 1024 1.03x, 3840 x 2048 1.38x (docs/benchmarks.md, section 11d).
+# the flash kernel: at two threads small blocks ran slower as tiles and the gain grows with the
+# block (`python -m benchmarks.bench_tiles`, docs/benchmarks.md, section 11e).
 MIN_PAIRS = 1 << 22
 _NEG = float("-inf")
 # Process-wide, like the kernel itself: set once at load (attention_lse.select_cpu_kernel)
@@ -91,32 +90,46 @@ def tiled_lse(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float) ->
     group = heads // kv_heads
     nq, tq = -(-lq // TILE_Q), TILE_Q
     nk_small, nk_big = -(-lk // tq), lk // TILE_K
-    # queries: [g, Hkv, group, nq*tq, D] -> [g, Hkv, nq, group, tq, D], so a tile is one block
-    qp = F.pad(q.unflatten(1, (kv_heads, group)), (0, 0, 0, nq * tq - lq))
-    qp = (qp.unflatten(3, (nq, tq)).transpose(2, 3) * scale).contiguous()
-    kp = F.pad(k, (0, 0, 0, nk_small * tq - lk)).contiguous()  # [g, Hkv, nk_small*tq, D]
-    vp = F.pad(v, (0, 0, 0, nk_small * tq - lk))
+    # NOTE: each layout below is one allocation filled in place (a long input's block is
+    # hundreds of MiB; chained pad/transpose/scale copies raised the peak RSS by that much)
+    qp = _tiled(q.unflatten(1, (kv_heads, group)), nq, tq)  # [g, Hkv, nq, group, tq, D] a tile a block
+    qp.mul_(scale)
+    kp = k.new_zeros(g, kv_heads, nk_small * tq, dim)  # [g, Hkv, keys padded to tq, D]
+    kp[:, :, :lk].copy_(k)
     # V as [D, tile] blocks, the weight layout of the second GEMM: [g, Hkv, n, D, tile]
-    v_small = vp.unflatten(2, (nk_small, tq)).transpose(-1, -2).contiguous()
+    v_small = _tiled(v.transpose(-1, -2), nk_small, tq)
     v_big = v[:, :, :nk_big * TILE_K].unflatten(2, (nk_big, TILE_K)).transpose(-1, -2).contiguous()
-    out = q.new_empty(g, kv_heads, nq, group * tq, dim)
-    lse = torch.empty(g, kv_heads, nq, group * tq, 1)
+    out = q.new_empty(g, kv_heads, group, lq, dim)  # [g, H, Lq, D] once the heads are merged
+    lse = torch.empty(g, kv_heads, group, lq)
     diag = torch.ones(tq, tq, dtype=torch.bool).triu_(1) if causal else None  # [tq, tq]
 
     def item(b: int, h: int) -> None:
         with torch.inference_mode():  # a worker thread does not inherit the caller's mode
             for t in range(nq):
+                n = min(lq, t * tq + tq) - t * tq  # the tile's real rows
                 o, m, s = _one_tile(qp[b, h, t].view(group * tq, dim), kp[b, h], v_small[b, h],
-                                    v_big[b, h], key_tiles(t * tq, min(lq, t * tq + tq), lk, causal),
+                                    v_big[b, h], key_tiles(t * tq, t * tq + n, lk, causal),
                                     lk=lk, diag=diag, group=group)
-                torch.div(o, s, out=out[b, h, t])
-                torch.add(m, s.log(), out=lse[b, h, t])
+                o3, m3, s3 = o.view(group, tq, dim), m.view(group, tq), s.view(group, tq)
+                torch.div(o3[:, :n], s3[:, :n, None], out=out[b, h, :, t * tq:t * tq + n])
+                torch.add(m3[:, :n], s3[:, :n].log(), out=lse[b, h, :, t * tq:t * tq + n])
 
     _run_items(item, [(b, h) for b in range(g) for h in range(kv_heads)])
-    # [g, Hkv, nq, group*tq, D] -> [g, H, Lq, D]
-    out = out.unflatten(3, (group, tq)).transpose(2, 3).flatten(3, 4)[..., :lq, :]
-    lse_ = lse.squeeze(-1).unflatten(3, (group, tq)).transpose(2, 3).flatten(3, 4)[..., :lq]
-    return out.reshape(g, heads, lq, dim), lse_.reshape(g, heads, lq)
+    return out.view(g, heads, lq, dim), lse.view(g, heads, lq)
+
+
+def _tiled(x: Tensor, n: int, size: int) -> Tensor:
+    """x [g, Hkv, A, L, ...] split along L (dim 3) into `n` zero-padded tiles of `size`, in one
+    new contiguous tensor [g, Hkv, n, A, size, ...]: for queries A is the group's heads, for V
+    laid out [g, Hkv, D, L] A is D (then each tile is a [D, size] GEMM weight)."""
+    length = x.shape[3]
+    full, rest = divmod(length, size)
+    t = x.new_zeros(*x.shape[:2], n, x.shape[2], size, *x.shape[4:])
+    if full:
+        t[:, :, :full].copy_(x.narrow(3, 0, full * size).unflatten(3, (full, size)).transpose(2, 3))
+    if rest:
+        t[:, :, full].narrow(3, 0, rest).copy_(x.narrow(3, full * size, rest))
+    return t
 
 
 def _run_items(fn: Callable[[int, int], None], items: list[tuple[int, int]]) -> None:
