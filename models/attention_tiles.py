@@ -13,8 +13,9 @@ Contract: ``tiled_lse(q, k, v, causal=, scale=)`` returns what ``attention_lse.b
 tiles of ``TILE_Q`` per head, the heads of one K/V group folded into the GEMM's rows; keys in
 tiles of ``TILE_K`` wherever every query of the tile sees every key of it, else in tiles of
 ``TILE_Q`` (the causal diagonal, the tail), masked there only. Tiles are merged exactly by their
-running max and sum (online softmax). Fixed tile shapes mean three oneDNN primitives per model
-(no per-shape cache growth) and memory O(tile rows x TILE_K) for the scores.
+running max and sum (online softmax). Fixed tile shapes mean four oneDNN primitives per model
+(no per-shape cache growth); memory is one tile-layout copy of the block's Q, K and V (O(rows +
+keys), never O(rows x keys)) and O(tile rows x TILE_K) of scores per worker.
 
 NOTE: inference only; ``use_tiles`` says no under autograd, off the CPU, outside float32, and
 for blocks too small to fill their tiles, where the flash kernel is as fast or faster
@@ -90,25 +91,25 @@ def tiled_lse(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float) ->
     group = heads // kv_heads
     nq, tq = -(-lq // TILE_Q), TILE_Q
     nk_small, nk_big = -(-lk // tq), lk // TILE_K
-    # NOTE: each layout below is one allocation filled in place (a long input's block is
-    # hundreds of MiB; chained pad/transpose/scale copies raised the peak RSS by that much)
-    qp = _tiled(q.unflatten(1, (kv_heads, group)), nq, tq)  # [g, Hkv, nq, group, tq, D] a tile a block
-    qp.mul_(scale)
-    kp = k.new_zeros(g, kv_heads, nk_small * tq, dim)  # [g, Hkv, keys padded to tq, D]
-    kp[:, :, :lk].copy_(k)
-    # V as [D, tile] blocks, the weight layout of the second GEMM: [g, Hkv, n, D, tile]
-    v_small = _tiled(v.transpose(-1, -2), nk_small, tq)
-    v_big = v[:, :, :nk_big * TILE_K].unflatten(2, (nk_big, TILE_K)).transpose(-1, -2).contiguous()
     out = q.new_empty(g, kv_heads, group, lq, dim)  # [g, H, Lq, D] once the heads are merged
     lse = torch.empty(g, kv_heads, group, lq)
     diag = torch.ones(tq, tq, dtype=torch.bool).triu_(1) if causal else None  # [tq, tq]
 
     def item(b: int, h: int) -> None:
+        # NOTE: one item's tile layouts at a time (a long input's whole block would be hundreds
+        # of MiB more at the peak), each one allocation filled in place
         with torch.inference_mode():  # a worker thread does not inherit the caller's mode
+            qp = _tiled(q[b, h * group:(h + 1) * group], nq, tq)  # [nq, group, tq, D]
+            qp.mul_(scale)
+            kp = k.new_zeros(nk_small * tq, dim)  # [keys padded to tq, D]
+            kp[:lk].copy_(k[b, h])
+            # V as [D, tile] blocks, the weight layout of the second GEMM: [n, D, tile]
+            v_small = _tiled(v[b, h].t(), nk_small, tq)
+            v_big = v[b, h, :nk_big * TILE_K].unflatten(0, (nk_big, TILE_K)).transpose(1, 2).contiguous()
             for t in range(nq):
                 n = min(lq, t * tq + tq) - t * tq  # the tile's real rows
-                o, m, s = _one_tile(qp[b, h, t].view(group * tq, dim), kp[b, h], v_small[b, h],
-                                    v_big[b, h], key_tiles(t * tq, t * tq + n, lk, causal),
+                o, m, s = _one_tile(qp[t].view(group * tq, dim), kp, v_small, v_big,
+                                    key_tiles(t * tq, t * tq + n, lk, causal),
                                     lk=lk, diag=diag, group=group)
                 o3, m3, s3 = o.view(group, tq, dim), m.view(group, tq), s.view(group, tq)
                 torch.div(o3[:, :n], s3[:, :n, None], out=out[b, h, :, t * tq:t * tq + n])
@@ -119,16 +120,15 @@ def tiled_lse(q: Tensor, k: Tensor, v: Tensor, *, causal: bool, scale: float) ->
 
 
 def _tiled(x: Tensor, n: int, size: int) -> Tensor:
-    """x [g, Hkv, A, L, ...] split along L (dim 3) into `n` zero-padded tiles of `size`, in one
-    new contiguous tensor [g, Hkv, n, A, size, ...]: for queries A is the group's heads, for V
-    laid out [g, Hkv, D, L] A is D (then each tile is a [D, size] GEMM weight)."""
-    length = x.shape[3]
-    full, rest = divmod(length, size)
-    t = x.new_zeros(*x.shape[:2], n, x.shape[2], size, *x.shape[4:])
+    """x [A, L, ...] split along L into `n` zero-padded tiles of `size`, in one new contiguous
+    tensor [n, A, size, ...]: for queries A is the group's heads, for V laid out [D, L] it is D
+    (then each tile is a [D, size] GEMM weight)."""
+    full, rest = divmod(x.shape[1], size)
+    t = x.new_zeros(n, x.shape[0], size, *x.shape[2:])
     if full:
-        t[:, :, :full].copy_(x.narrow(3, 0, full * size).unflatten(3, (full, size)).transpose(2, 3))
+        t[:full].copy_(x.narrow(1, 0, full * size).unflatten(1, (full, size)).transpose(0, 1))
     if rest:
-        t[:, :, full].narrow(3, 0, rest).copy_(x.narrow(3, full * size, rest))
+        t[full].narrow(1, 0, rest).copy_(x.narrow(1, full * size, rest))
     return t
 
 
