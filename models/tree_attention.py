@@ -180,6 +180,9 @@ def plan_tree(cu_q, cu_k, kv_index, *, own_offset: int, heads: int, kv_heads: in
         estimate=(tree, flat))
 
 
+SHARED_ROWS = 4096  # query rows per piece of a CPU shared call: 32 MiB of [rows, 16, 128] fp32
+
+
 def tree_cpu(q: Tensor, k: Tensor, v: Tensor, plan: TreePlan, *, scale: float) -> Tensor:
     """q [Tq, H, D], k/v [source rows, Hkv, D] -> [Tq, H, D]: own calls, shared calls, merge.
 
@@ -199,16 +202,22 @@ def tree_cpu(q: Tensor, k: Tensor, v: Tensor, plan: TreePlan, *, scale: float) -
         out[rows].view(count, n, heads, dim).copy_(o.transpose(1, 2))
         lse[rows].view(count, n, heads).copy_(l_.transpose(1, 2))
     for c in plan.shared:  # a call's rows are distinct: merged in place, a slice when contiguous
-        qs = q[c.q0:c.q1] if c.q_index is None else q.index_select(0, c.q_index)  # [nq, H, D]
-        o, l_ = block_lse(qs.transpose(0, 1)[None], k[c.k0:c.k1].transpose(0, 1)[None],
-                          v[c.k0:c.k1].transpose(0, 1)[None], causal=False, scale=scale)
-        o, l_ = o[0].transpose(0, 1), l_[0].transpose(0, 1)  # [nq, H, D], [nq, H]
-        if c.q_index is None:
-            merge_two_(out[c.q0:c.q1], lse[c.q0:c.q1], o, l_)
-        else:
-            merged, new_lse = merge_two(out.index_select(0, c.q_index), lse.index_select(0, c.q_index), o, l_)
-            out.index_put_((c.q_index,), merged)
-            lse.index_put_((c.q_index,), new_lse)
+        ks, vs = k[c.k0:c.k1].transpose(0, 1)[None], v[c.k0:c.k1].transpose(0, 1)[None]
+        nq = c.q1 - c.q0 if c.q_index is None else len(c.q_index)
+        # NOTE: in pieces of SHARED_ROWS queries: a long input's rows against a short cached
+        # prefix would otherwise hold a whole extra copy of its queries and partials at the peak
+        for r0 in range(0, nq, SHARED_ROWS):
+            r1 = min(nq, r0 + SHARED_ROWS)
+            idx = None if c.q_index is None else c.q_index[r0:r1]
+            qs = q[c.q0 + r0:c.q0 + r1] if idx is None else q.index_select(0, idx)  # [n, H, D]
+            o, l_ = block_lse(qs.transpose(0, 1)[None], ks, vs, causal=False, scale=scale)
+            o, l_ = o[0].transpose(0, 1), l_[0].transpose(0, 1)  # [n, H, D], [n, H]
+            if idx is None:
+                merge_two_(out[c.q0 + r0:c.q0 + r1], lse[c.q0 + r0:c.q0 + r1], o, l_)
+            else:
+                merged, new_lse = merge_two(out.index_select(0, idx), lse.index_select(0, idx), o, l_)
+                out.index_put_((idx,), merged)
+                lse.index_put_((idx,), new_lse)
     return out if out.dtype == q.dtype else out.to(q.dtype)
 
 

@@ -71,6 +71,28 @@ def test_tree_path_matches_naive_float64(seqs, heads, pool_rows):
         + [np.zeros(0, np.int64)]).astype(np.int64)]))
 
 
+@pytest.mark.parametrize("pieces", [1, 2, 3])
+def test_shared_calls_in_pieces_match_naive(monkeypatch, pieces):
+    """A shared call split into pieces of a few query rows (contiguous and gathered readers)
+    gives what one call gives."""
+    import models.tree_attention as tree_attention
+
+    monkeypatch.setattr(tree_attention, "SHARED_ROWS", pieces)
+    seqs = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8], [1, 2, 9], [1, 2, 3, 4, 5, 10, 11], [1, 12]]
+    fb = _compact(seqs)
+    cu_q, cu_k = fb.attn.host_cu_seqlens_q, fb.attn.host_cu_seqlens_k
+    plan = plan_tree(cu_q, cu_k, fb.kv_host, own_offset=0, heads=4, kv_heads=2, head_dim=8,
+                     device="cpu", force=True)
+    assert plan is not None and any(c.q_index is not None for c in plan.shared)
+    assert any(c.q_index is None for c in plan.shared)
+    gen = torch.Generator().manual_seed(pieces)
+    q = torch.randn(fb.num_rows, 4, 8, generator=gen)
+    k, v = torch.randn(2, fb.num_rows, 2, 8, generator=gen)
+    got = tree_cpu(q, k, v, plan, scale=0.35)
+    want = naive(q, k[fb.kv_host], v[fb.kv_host], list(cu_q), cu_k=list(cu_k), scale=0.35)
+    assert (got.double() - want).abs().max().item() < 1e-5
+
+
 def test_tree_path_in_bfloat16_merges_in_float32():
     """bf16 inputs: the own blocks and the merge accumulate in float32, the answer is bf16."""
     fb = _compact([[1, 2, 3, 4, 5, 6], [1, 2, 3, 7], [1, 2, 3, 4, 8, 9], [5, 6]])
