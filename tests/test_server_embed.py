@@ -157,6 +157,8 @@ def test_info_health_docs(srv):
     assert info["attention_backend"] == "sdpa"  # CPU; the others say why they are not used
     assert "needs CUDA" in info["attention_backend_rejected"]["flash-attn"]
     assert info["linear"] == "onednn-packed"  # CPU float32: weights packed at load
+    # the CPU's attention kernel, as measured at load: tiles or the flash kernel, with the figure
+    assert info["cpu_attention"].startswith(("onednn-tiles for large blocks (", "flash (oneDNN tiles ran"))
     assert set(info) == set(app.state.info)
     assert httpx.get(srv.url + "/health").status_code == 200
     assert httpx.get(srv.url + "/docs").status_code == 200
