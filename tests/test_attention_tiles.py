@@ -145,11 +145,18 @@ def test_the_real_measurement_decides_and_is_reported(tiny_reranker_dir):
     assert off.cpu_attention == "flash (cpu_packed_weights off)" and not attention_tiles._state["on"]
 
 
-_TILED_RUNNERS: dict[tuple[str, str], object] = {}
+@pytest.fixture(scope="module")
+def tiled_runners(tiny_reranker_dir):
+    """{(tree policy, cache size): runner}, loaded before any test shrinks the tiles (the load
+    measures the real ones)."""
+    return {(policy, size): load_runner(str(tiny_reranker_dir), device="cpu", dtype="float32",
+                                        prefix_cache_size=size, tree_attention=policy,
+                                        radix_mlp_threshold=1.0)
+            for policy in ("on", "off") for size in ("0", "160tokens")}
 
 
 @pytest.mark.parametrize("policy", ["on", "off"])
-def test_forward_with_tiles_matches_transformers(reranker_oracle, tiny_reranker_dir, small_tiles,
+def test_forward_with_tiles_matches_transformers(reranker_oracle, tiled_runners, small_tiles,
                                                  threads, policy):
     """Every attention block of the forward through (small) tiles: deep and wide tries, a single
     long sequence, prefix-cache hits mid-block; tree attention on and off."""
@@ -161,12 +168,6 @@ def test_forward_with_tiles_matches_transformers(reranker_oracle, tiny_reranker_
     single = [rng.integers(100, 3000, 45).tolist()]
     mid = [single[0][:21] + [5, 6, 7], chain[:23] + [13]]
     for size in ("0", "160tokens"):
-        key = (policy, size)
-        if key not in _TILED_RUNNERS:
-            _TILED_RUNNERS[key] = load_runner(str(tiny_reranker_dir), device="cpu", dtype="float32",
-                                              prefix_cache_size=size, tree_attention=policy,
-                                              radix_mlp_threshold=1.0)
-            attention_tiles._state["on"] = True  # the load measured and set it; the test forces it
         calls = []
         real = attention_tiles.tiled_lse
 
@@ -176,7 +177,8 @@ def test_forward_with_tiles_matches_transformers(reranker_oracle, tiny_reranker_
 
         attention_tiles.tiled_lse = counting
         try:
-            _check_batches(_TILED_RUNNERS[key], reranker_oracle, [deep, wide, single, mid], ahead=False)
+            _check_batches(tiled_runners[(policy, size)], reranker_oracle, [deep, wide, single, mid],
+                           ahead=False)
         finally:
             attention_tiles.tiled_lse = real
         assert calls  # the tiles served
