@@ -5,8 +5,8 @@ not the fastest GEMM the process has, attention runs well below the linears. On 
 AMD EPYC with AVX-512) MKL's sgemm runs ~105 GFLOP/s single-threaded while oneDNN's matmul, the
 one behind the packed linears, runs ~250; a large attention block in 128 x 512 tiles through
 oneDNN runs 1.2-1.5x faster than the flash kernel (docs/benchmarks.md, section 11e). Where
-that is not so (an Intel CPU whose MKL takes its AVX-512 path), ``enable`` measures it at load
-and keeps the flash kernel.
+that is not so (an Intel CPU whose MKL takes its AVX-512 path), ``attention_lse.select_cpu_kernel``
+measures it at load and keeps the flash kernel.
 
 Contract: ``tiled_lse(q, k, v, causal=, scale=)`` returns what ``attention_lse.block_lse`` returns,
 (out [g, H, Lq, D], lse [g, H, Lq] float32), equal up to fp32 summation order. Queries go in
@@ -14,8 +14,9 @@ tiles of ``TILE_Q`` per head, the heads of one K/V group folded into the GEMM's 
 tiles of ``TILE_K`` wherever every query of the tile sees every key of it, else in tiles of
 ``TILE_Q`` (the causal diagonal, the tail), masked there only. Tiles are merged exactly by their
 running max and sum (online softmax). Fixed tile shapes mean four oneDNN primitives per model
-(no per-shape cache growth); memory is one tile-layout copy of the block's Q, K and V (O(rows +
-keys), never O(rows x keys)) and O(tile rows x TILE_K) of scores per worker.
+(no per-shape cache growth). Memory beyond the output: per worker, one (sequence, K/V head)
+item's Q, K and V in tile layout (O(rows + keys), never O(rows x keys)) and one tile's scores,
+O(tile rows x TILE_K).
 
 NOTE: inference only; ``use_tiles`` says no under autograd, off the CPU, outside float32, and
 for blocks too small to fill their tiles, where the flash kernel is as fast or faster
