@@ -182,3 +182,41 @@ def test_forward_with_tiles_matches_transformers(reranker_oracle, tiled_runners,
         finally:
             attention_tiles.tiled_lse = real
         assert calls  # the tiles served
+
+
+@pytest.fixture(scope="module")
+def embedding_pair(tiny_embedding_dir):
+    """(runner, transformers' oracle) for the tiny embedding model, loaded at real tile sizes."""
+    from transformers import AutoModel
+
+    from tests.test_model_forward import Oracle
+
+    runner = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32")
+    hf = AutoModel.from_pretrained(str(tiny_embedding_dir), dtype=torch.float32).eval()
+    return runner, Oracle(hf, causal_lm=False)
+
+
+@pytest.mark.parametrize("mode", ["off", "compact"])
+def test_mean_pooled_forward_with_tiles_matches_transformers(embedding_pair, small_tiles, threads, mode):
+    """Mean pooling reads every position's last hidden state, so a block whose tiles let a query
+    see a later key (or miss one) shows here even where a last-token score would hardly move."""
+    from tests.test_model_forward import _ours
+
+    runner, oracle = embedding_pair
+    rng = np.random.default_rng(4)
+    prefix = rng.integers(100, 3000, 37).tolist()
+    seqs = [prefix + rng.integers(100, 3000, n).tolist() for n in (3, 11, 29)] + [prefix[:9]]
+    calls = []
+    real = attention_tiles.tiled_lse
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["causal"])
+        return real(*args, **kwargs)
+
+    attention_tiles.tiled_lse = counting
+    try:
+        got = _ours(runner, seqs, mode, pooling="mean")
+    finally:
+        attention_tiles.tiled_lse = real
+    assert True in calls  # causal blocks went through the tiles
+    assert (got - oracle.embed(seqs, "mean")).abs().max().item() < TOL
