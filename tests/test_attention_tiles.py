@@ -8,6 +8,7 @@ on and off, with and without the prefix cache, against transformers' own Qwen3 c
 """
 from __future__ import annotations
 
+import contextlib
 import math
 
 import numpy as np
@@ -145,6 +146,23 @@ def test_the_real_measurement_decides_and_is_reported(tiny_reranker_dir):
     assert off.cpu_attention == "flash (cpu_packed_weights off)" and not attention_tiles._state["on"]
 
 
+@contextlib.contextmanager
+def tile_calls():
+    """The `causal` flag of every ``tiled_lse`` call made inside the block, in order."""
+    calls: list[bool] = []
+    real = attention_tiles.tiled_lse
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["causal"])
+        return real(*args, **kwargs)
+
+    attention_tiles.tiled_lse = counting
+    try:
+        yield calls
+    finally:
+        attention_tiles.tiled_lse = real
+
+
 @pytest.fixture(scope="module")
 def tiled_runners(tiny_reranker_dir):
     """{(tree policy, cache size): runner}, loaded before any test shrinks the tiles (the load
@@ -168,19 +186,9 @@ def test_forward_with_tiles_matches_transformers(reranker_oracle, tiled_runners,
     single = [rng.integers(100, 3000, 45).tolist()]
     mid = [single[0][:21] + [5, 6, 7], chain[:23] + [13]]
     for size in ("0", "160tokens"):
-        calls = []
-        real = attention_tiles.tiled_lse
-
-        def counting(*args, **kwargs):
-            calls.append(1)
-            return real(*args, **kwargs)
-
-        attention_tiles.tiled_lse = counting
-        try:
+        with tile_calls() as calls:
             _check_batches(tiled_runners[(policy, size)], reranker_oracle, [deep, wide, single, mid],
                            ahead=False)
-        finally:
-            attention_tiles.tiled_lse = real
         assert calls  # the tiles served
 
 
@@ -206,17 +214,7 @@ def test_mean_pooled_forward_with_tiles_matches_transformers(embedding_pair, sma
     rng = np.random.default_rng(4)
     prefix = rng.integers(100, 3000, 37).tolist()
     seqs = [prefix + rng.integers(100, 3000, n).tolist() for n in (3, 11, 29)] + [prefix[:9]]
-    calls = []
-    real = attention_tiles.tiled_lse
-
-    def counting(*args, **kwargs):
-        calls.append(kwargs["causal"])
-        return real(*args, **kwargs)
-
-    attention_tiles.tiled_lse = counting
-    try:
+    with tile_calls() as calls:
         got = _ours(runner, seqs, mode, pooling="mean")
-    finally:
-        attention_tiles.tiled_lse = real
     assert True in calls  # causal blocks went through the tiles
     assert (got - oracle.embed(seqs, "mean")).abs().max().item() < TOL
