@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import re
 import sys
 
 import pytest
@@ -272,4 +273,7 @@ def test_start_up_objects_are_frozen_out_of_garbage_collection(caplog):
     finally:
         gc.unfreeze()
     (line,) = [r.getMessage() for r in caplog.records if "out of garbage collection" in r.getMessage()]
-    assert line.startswith(f"froze {frozen} start-up objects")
+    logged = int(re.match(r"froze (\d+) start-up objects", line).group(1))
+    # Frozen objects that die (other tests' threads still freeing theirs) leave the permanent
+    # generation between the log line and the read above; nothing else adds to it.
+    assert frozen <= logged <= frozen + frozen // 100
