@@ -16,6 +16,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 namespace {
@@ -77,6 +78,20 @@ gather_rows_kernel(const RowSpec a, const RowSpec b, const Index* __restrict__ i
   }
 }
 
+// NOTE: integers enter TORCH_CHECK messages as std::to_string / dims() strings, never through
+// an ostream: on a torch 2.11 + CUDA 13 image, a message that streamed an int64 (the .so's own
+// ostream::_M_insert<long>) crashed the process with SIGSEGV instead of raising RuntimeError.
+// Strings, ScalarType and Device (formatted inside libc10) are safe. tests/test_kernels.py holds
+// every message of this file to that rule.
+std::string dims(at::IntArrayRef a) {
+  std::string s = "[";
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(a[i]);
+  }
+  return s + "]";
+}
+
 // Elements per row, after checking that the trailing dims of `t` form one contiguous block.
 int64_t check_rows(const at::Tensor& t, const char* name) {
   TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
@@ -87,18 +102,18 @@ int64_t check_rows(const at::Tensor& t, const char* name) {
   int64_t width = 1;
   for (int64_t d = t.dim() - 1; d >= 1; --d) {
     TORCH_CHECK(t.size(d) == 1 || t.stride(d) == width, name,
-                " rows must be contiguous (trailing dims packed), got strides ", t.strides());
+                " rows must be contiguous (trailing dims packed), got strides ", dims(t.strides()));
     width *= t.size(d);
   }
-  TORCH_CHECK(t.size(0) <= 1 || t.stride(0) >= width, name, " row stride ", t.stride(0),
-              " is smaller than the row width ", width);
+  TORCH_CHECK(t.size(0) <= 1 || t.stride(0) >= width, name, " row stride ", std::to_string(t.stride(0)),
+              " is smaller than the row width ", std::to_string(width));
   return width;
 }
 
 void check_index(const at::Tensor& index, const at::Tensor& src) {
   TORCH_CHECK(index.device() == src.device(), "index must be on ", src.device(), ", got ",
               index.device());
-  TORCH_CHECK(index.dim() == 1, "index must be 1-D, got ", index.dim(), "-D");
+  TORCH_CHECK(index.dim() == 1, "index must be 1-D, got ", std::to_string(index.dim()), "-D");
   TORCH_CHECK(index.scalar_type() == at::kInt || index.scalar_type() == at::kLong,
               "index must be int32 or int64, got ", index.scalar_type());
   TORCH_CHECK(index.is_contiguous(), "index must be contiguous");
@@ -194,8 +209,8 @@ std::vector<at::Tensor> gather_rows_pair(const at::Tensor& k, const at::Tensor& 
   TORCH_CHECK(k.scalar_type() == v.scalar_type(), "k and v dtypes differ: ", k.scalar_type(),
               " vs ", v.scalar_type());
   TORCH_CHECK(k.device() == v.device(), "k and v devices differ");
-  TORCH_CHECK(k.size(0) == v.size(0), "k and v row counts differ: ", k.size(0), " vs ",
-              v.size(0));
+  TORCH_CHECK(k.size(0) == v.size(0), "k and v row counts differ: ", std::to_string(k.size(0)), " vs ",
+              std::to_string(v.size(0)));
   check_index(index, k);
   std::vector<at::Tensor> outs{empty_out(k, index.numel()), empty_out(v, index.numel())};
   if (index.numel() == 0 || (wk == 0 && wv == 0)) return outs;

@@ -238,3 +238,50 @@ def test_cu_source_has_dispatch_and_vector_path():
                    "PYBIND11_MODULE", "gather_rows_pair", "getCurrentCUDAStream",
                    "C10_CUDA_KERNEL_LAUNCH_CHECK"):
         assert needle in src, needle
+
+
+def _torch_checks(src: str) -> list[list[str]]:
+    """The top-level comma-separated arguments of every TORCH_CHECK(...) call in ``src``."""
+    calls, i = [], 0
+    while (i := src.find("TORCH_CHECK(", i)) != -1:
+        i += len("TORCH_CHECK(")
+        depth, args, cur, quoted = 0, [], "", False
+        while True:
+            ch = src[i]
+            i += 1
+            if ch == '"' and src[i - 2] != "\\":
+                quoted = not quoted
+            elif not quoted and ch in "([{":
+                depth += 1
+            elif not quoted and ch in ")]}":
+                if depth == 0:
+                    break
+                depth -= 1
+            elif not quoted and ch == "," and depth == 0:
+                args.append(cur.strip())
+                cur = ""
+                continue
+            cur += ch
+        calls.append(args + [cur.strip()])
+    return calls
+
+
+# A message part is a literal, a name the caller passed, or a string made without an ostream;
+# ScalarType and Device are formatted inside libc10. Anything else (an int64, an IntArrayRef)
+# would be streamed by the extension's own ostream code, which crashed the process with SIGSEGV
+# on a torch 2.11 + CUDA 13 image instead of raising (kernels/gather.cu, the NOTE above dims()).
+_SAFE_PART = (r'^(".*"|name|st|std::to_string\(.*\)|dims\(.*\)|[a-z]+\.scalar_type\(\)'
+              r'|[a-z]+\.device\(\))$')
+
+
+def test_cu_messages_format_numbers_without_an_ostream():
+    import re
+
+    calls = _torch_checks(gather.SOURCE.read_text())
+    assert len(calls) >= 10  # every check of the file was found
+    for args in calls:
+        for part in args[1:]:
+            assert re.match(_SAFE_PART, part, re.S), (part, args)
+    # the parser is not blind: an integer and an array in a message are caught
+    bad = _torch_checks('TORCH_CHECK(a == b, "rows ", a.size(0), " strides ", a.strides());')
+    assert [p for p in bad[0][1:] if not re.match(_SAFE_PART, p)] == ["a.size(0)", "a.strides()"]

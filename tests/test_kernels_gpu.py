@@ -53,8 +53,16 @@ def test_cuda_kernel_edge_cases_and_checks():
     empty = torch.empty(0, dtype=torch.int64, device="cuda")
     assert ext.gather_rows(src, empty).shape == (0, 8)
     assert [t.shape for t in ext.gather_rows_pair(src, src, empty)] == [(0, 8), (0, 8)]
-    with pytest.raises(RuntimeError, match="contiguous"):
+    # the messages that carry numbers (formatted without an ostream: kernels/gather.cu)
+    with pytest.raises(RuntimeError, match=r"contiguous \(trailing dims packed\), got strides \[1, 8\]"):
         ext.gather_rows(src.t(), torch.zeros(2, dtype=torch.int64, device="cuda"))
+    with pytest.raises(RuntimeError, match="index must be 1-D, got 2-D"):
+        ext.gather_rows(src, torch.zeros(2, 2, dtype=torch.int64, device="cuda"))
+    with pytest.raises(RuntimeError, match="k and v row counts differ: 10 vs 9"):
+        ext.gather_rows_pair(src, src[:9], torch.zeros(2, dtype=torch.int64, device="cuda"))
+    with pytest.raises(RuntimeError, match="row stride 4 is smaller than the row width 8"):
+        ext.gather_rows(torch.randn(44, device="cuda").as_strided((10, 8), (4, 1)),
+                        torch.zeros(2, dtype=torch.int64, device="cuda"))
     with pytest.raises(RuntimeError, match="int32 or int64"):
         ext.gather_rows(src, torch.zeros(2, dtype=torch.int16, device="cuda"))
     with pytest.raises(RuntimeError, match="must be on"):
