@@ -5,8 +5,8 @@ matched a float64 reference here, on this device and dtype, in the model's head 
 flat compact attention over each owner's gathered keys, on a trie with a segment read by
 non-adjacent owners, one read by adjacent ones, a pool offset before the new rows, and an owner
 without ancestors. CPU: per-segment flash calls (models/tree_attention.py, ``tree_cpu``); CUDA:
-two varlen calls whose kernels return the log-sum-exp (flash-attn, then torch's varlen_attn,
-fp16/bf16); with none, tree attention is off and ``rejected`` says why.
+two varlen calls whose kernels return the log-sum-exp (flash-attn, then torch's varlen_attn, then
+aten's flash op beneath it; fp16/bf16); with none, tree attention is off and ``rejected`` says why.
 """
 from __future__ import annotations
 
@@ -58,8 +58,24 @@ def _torch_varlen_lse() -> TreeFn:
     return tree_varlen(lse_fn)
 
 
+def _aten_flash_lse() -> TreeFn:
+    """aten's own flash kernel, the op under varlen_attn, on a torch whose varlen_attn cannot
+    return the log-sum-exp (2.11 and older): native GQA, varlen through cu_seq, lse [H, Tq]."""
+    op = getattr(torch.ops.aten, "_flash_attention_forward", None)
+    if op is None:
+        raise RuntimeError("this torch has no aten._flash_attention_forward")
+
+    def lse_fn(q, k, v, cu_q, cu_k, max_q, max_k, *, causal, scale):
+        out, lse = op(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=scale)[:2]
+        if lse.dim() != 2 or lse.shape[1] != q.shape[0]:
+            raise RuntimeError(f"log-sum-exp of shape {tuple(lse.shape)}, not [H, Tq]")
+        return out, lse.transpose(0, 1)  # [H, Tq] -> [Tq, H]
+
+    return tree_varlen(lse_fn)
+
+
 TREE_FACTORIES = {"cpu-flash": lambda: tree_cpu, "flash-attn-lse": _flash_attn_lse,
-                  "torch-varlen-lse": _torch_varlen_lse}
+                  "torch-varlen-lse": _torch_varlen_lse, "aten-flash-lse": _aten_flash_lse}
 
 
 def probe_tree(fn: TreeFn, device: torch.device, dtype: torch.dtype, shape: Shape) -> str | None:
@@ -100,11 +116,13 @@ def select_tree(device: torch.device | str, *, dtype: torch.dtype, heads: int, k
     """(the tree-attention path for this device, or None; {path: why not}).
 
     CPU: the per-segment flash calls with their log-sum-exp. CUDA: flash-attn, then torch's
-    varlen_attn, each returning the log-sum-exp (fp16/bf16); without one, tree attention is off.
+    varlen_attn, then aten's flash op, each returning the log-sum-exp (fp16/bf16); without one,
+    tree attention is off.
     """
     device = torch.device(device)
     shape = Shape(heads, kv_heads, head_dim)
-    names = ["cpu-flash"] if device.type == "cpu" else ["flash-attn-lse", "torch-varlen-lse"]
+    names = (["cpu-flash"] if device.type == "cpu"
+             else ["flash-attn-lse", "torch-varlen-lse", "aten-flash-lse"])
     rejected = {n: f"not for {device.type}" for n in TREE_FACTORIES if n not in names}
     if device.type == "cuda" and dtype not in HALF:
         for n in names:
