@@ -116,6 +116,9 @@ class Runner:
         if self.tree_path is None or self.tree_attention == "off":
             why = "; ".join(f"{k}: {v}" for k, v in self.tree_rejected.items()) or "off"
             return f"off ({why})" if self.tree_attention != "off" else "off"
+        if self.tree_attention == "auto" and self.device.type != "cpu":  # plan_tree's rule
+            return (f"auto ({self.tree_path.name}; flat on {self.device.type}, where the tree measured "
+                    "slower; --tree-attention on forces it)")
         return f"{self.tree_attention} ({self.tree_path.name})"
 
     def prepare(self, input_ids, cu_seqlens, *, all_tokens=None, namespaces=None) -> PreparedBatch:

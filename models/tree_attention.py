@@ -15,7 +15,8 @@ Keys are never gathered per sequence: a segment is a slice of the source K/V ([p
 new rows] with a prefix cache, so a cache hit is read once per batch and layer), and the own
 blocks are the new rows themselves, in compact order. The plan is host-side numpy, built once per
 batch on the prep thread; `plan_tree` also estimates the cost of this path and of the flat one
-(per-owner key gather) and returns None when the flat path is cheaper.
+(per-owner key gather) on the CPU and returns None when the flat path is cheaper, or, unless
+forced, on any other device (where the tree measured slower).
 
 Invariant: the own-call rows of owner s are source rows own_offset + cu_q[s] .. own_offset +
 cu_q[s+1] and the last lq(s) entries of its keys; `plan_tree` checks it and declines otherwise.
@@ -37,10 +38,10 @@ from models.options import TREE_ATTENTION
 
 log = logging.getLogger(__name__)
 
-# Rough per-device costs of the estimate: one attention call (launch or Python + kernel set-up)
-# and one element moved (a copy or a merge term), in seconds. Only their ratio matters.
-CALL_S = {"cpu": 25e-6, "cuda": 8e-6}
-ELEM_S = {"cpu": 0.6e-9, "cuda": 1.5e-12}
+# Rough costs of the CPU estimate: one attention call (Python + kernel set-up) and one element
+# moved (a copy or a merge term), in seconds. Only their ratio matters.
+CALL_S = 25e-6
+ELEM_S = 0.6e-9
 POLICIES = TREE_ATTENTION  # the policies `load_runner(tree_attention=...)` takes (models/options.py)
 
 
@@ -142,21 +143,19 @@ def plan_tree(cu_q, cu_k, kv_index, *, own_offset: int, heads: int, kv_heads: in
     contiguous = own_p[seg_first + readers - 1] - own_p[seg_first] + 1 == readers  # [S]
     own_runs = _own_runs(lq, cq)
 
-    kind = device.type if device.type in CALL_S else "cpu"
-    call, elem = CALL_S[kind], ELEM_S[kind]
     width = heads * head_dim
     m = int(nq_seg.sum())
     gathered_q = int(nq_seg[~contiguous].sum())
-    if kind == "cpu":
-        n_split = int((anc > 0).sum())
-        flat = call * (len(own_runs) + n_split) + elem * (2 * kv_heads * head_dim * int(lk.sum())
+    n_split = int((anc > 0).sum())
+    flat = CALL_S * (len(own_runs) + n_split) + ELEM_S * (2 * kv_heads * head_dim * int(lk.sum())
                                                            + 3 * width * int(lq[anc > 0].sum()))
-        tree = call * (len(own_runs) + len(segs)) + elem * (width * gathered_q + 4 * width * m)
-    else:  # one fused call, against two calls, the gathers and the merge (about 8 launches)
-        flat = call + elem * 2 * kv_heads * head_dim * int(lk.sum())
-        tree = call * (8 if m else 1) + elem * (width * m * 5 + 2 * kv_heads * head_dim * int((k1 - k0).sum()))
+    tree = CALL_S * (len(own_runs) + len(segs)) + ELEM_S * (width * gathered_q + 4 * width * m)
     # NOTE: with nothing shared the two paths run the same causal calls; the flat one is kept.
-    if not force and (tree > flat or not m):
+    # On CUDA the flat path is kept unless forced: on an H100 (bf16, aten's flash op) the tree
+    # path ran the whole forward at 0.77-0.87x the flat one's speed in every shape measured, the
+    # shared prefix read once included (docs/benchmarks.md, section 6b). Both make the same
+    # FLOPs; the tree adds a query gather and a float32 merge per layer.
+    if not force and (tree > flat or not m or device.type != "cpu"):
         return None
 
     def dev(a: np.ndarray, dtype=torch.int64) -> Tensor:

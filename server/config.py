@@ -75,7 +75,8 @@ class ServerConfig:
     radix_attention: str = option("compact", "attention over the compact rows", choices=RADIX_ATTENTION)
     tree_attention: str = option(
         "auto", "tree attention along the prefix trie (a shared prefix's K/V read once per layer): auto "
-                "where estimated cheaper than the flat path, on for every compact batch, off never",
+                "where estimated cheaper than the flat path on the CPU (flat on CUDA, where it measured "
+                "slower), on for every compact batch, off never",
         choices=TREE_ATTENTION)
     batching_policy: str = option(
         "fifo", "fifo, or prefix: form batches from requests that share prefixes (with aging)",

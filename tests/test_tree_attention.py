@@ -146,6 +146,11 @@ def test_auto_choice():
     plan = plan_tree(fb.attn.host_cu_seqlens_q, fb.attn.host_cu_seqlens_k, fb.kv_host,
                      own_offset=0, **shape)
     assert plan is not None and plan.estimate[0] <= plan.estimate[1] and len(plan.shared) == 1
+    # the same batch on CUDA: flat unless forced (the tree measured slower there); decided before
+    # any tensor is made, so it runs without a GPU
+    cuda = dict(shape, device="cuda")
+    assert plan_tree(fb.attn.host_cu_seqlens_q, fb.attn.host_cu_seqlens_k, fb.kv_host,
+                     own_offset=0, **cuda) is None
     fb = _compact([rng.integers(100, 5000, 64).tolist() for _ in range(8)])
     assert plan_tree(fb.attn.host_cu_seqlens_q, fb.attn.host_cu_seqlens_k, fb.kv_host,
                      own_offset=0, **shape) is None
@@ -236,6 +241,9 @@ def test_cpu_serving_path_builds_no_dense_mask(tiny_reranker_dir, reranker_oracl
 def test_report_names_the_tree_path(tiny_reranker_dir):
     runner = load_runner(str(tiny_reranker_dir), device="cpu", dtype="float32")
     assert runner.attention_report["tree_attention"] == "auto (cpu-flash)"
+    on_cuda = dataclasses.replace(runner, device=torch.device("cuda"))  # the report reads only .device
+    assert on_cuda.tree_report.startswith("auto (cpu-flash; flat on cuda, where the tree measured slower")
+    assert dataclasses.replace(on_cuda, tree_attention="on").tree_report == "on (cpu-flash)"
     off = dataclasses.replace(runner, tree_attention="off")
     assert off.attention_report["tree_attention"] == "off"
     seqs = [[300 + i for i in range(40)] + [7, s] for s in range(6)]
