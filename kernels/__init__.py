@@ -10,11 +10,11 @@ Which implementation runs on CUDA is set by ``RADIXSERVE_GATHER_IMPL``:
   launch; loaded prebuilt or built on first use, then self-tested (kernels/gather.py).
 - ``auto`` (default): an alias for the implementation ``AUTO_GATHER_IMPL`` names, ``torch`` today.
 NOTE: the rule is to keep the custom kernel only where a measurement on the GPU shows it beating
-torch (index_select, advanced indexing, torch.gather, against a device-to-device copy). Until
-such figures exist it has neither won nor been seen to be correct on hardware, and ``auto``
-does not use it: an unmeasured kernel must not be what every GPU user runs by default.
-``python -m benchmarks.gpu_check`` runs its tests and ``benchmarks.bench_kernels``; point
-``AUTO_GATHER_IMPL`` at the kernel where those figures say it wins.
+torch (index_select, advanced indexing, torch.gather, against a device-to-device copy). On an
+H100 it passed its tests and ran 1.03-2.04x index_select per gather (docs/benchmarks.md, 6a);
+its effect on a whole forward is not measured yet, and as the default it would also make a pip
+install without a prebuilt library compile at start-up, so ``auto`` does not use it yet.
+``python -m benchmarks.gpu_check`` runs its tests and ``benchmarks.bench_kernels``.
 
 ``RADIXSERVE_DISABLE_KERNELS=1`` forces the ref twins and never builds anything. Importing this
 package never builds the extension: the build happens on the first ``get_*``/``describe`` call
