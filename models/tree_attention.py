@@ -152,7 +152,7 @@ def plan_tree(cu_q, cu_k, kv_index, *, own_offset: int, heads: int, kv_heads: in
     tree = CALL_S * (len(own_runs) + len(segs)) + ELEM_S * (width * gathered_q + 4 * width * m)
     # NOTE: with nothing shared the two paths run the same causal calls; the flat one is kept.
     # On CUDA the flat path is kept unless forced: on an H100 (bf16, aten's flash op) the tree
-    # path ran the whole forward at 0.77-0.87x the flat one's speed in every shape measured, the
+    # path ran the whole forward at 0.76-0.88x the flat one's speed in every shape measured, the
     # shared prefix read once included (docs/benchmarks.md, section 6b). Both make the same
     # FLOPs; the tree adds a query gather and a float32 merge per layer.
     if not force and (tree > flat or not m or device.type != "cpu"):
