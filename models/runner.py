@@ -36,7 +36,7 @@ from models.qwen3 import AttentionOps, Qwen3Model
 from models import streams
 from models.radix import RadixIndex, build_index, positions_from_cu_seqlens
 from models.tree_attention import POLICIES as TREE_POLICIES, attach_tree
-from models.tree_select import TreeBackend, select_tree
+from models.tree_select import TreeBackend, describe_tree, select_tree
 from models.warmup import warm_up
 
 log = logging.getLogger(__name__)
@@ -113,13 +113,7 @@ class Runner:
     @property
     def tree_report(self) -> str:
         """E.g. "auto (cpu-flash)", or "off (...)" with why no path is available."""
-        if self.tree_path is None or self.tree_attention == "off":
-            why = "; ".join(f"{k}: {v}" for k, v in self.tree_rejected.items()) or "off"
-            return f"off ({why})" if self.tree_attention != "off" else "off"
-        if self.tree_attention == "auto" and self.device.type != "cpu":  # plan_tree's rule
-            return (f"auto ({self.tree_path.name}; flat on {self.device.type}, where the tree measured "
-                    "slower; --tree-attention on forces it)")
-        return f"{self.tree_attention} ({self.tree_path.name})"
+        return describe_tree(self.tree_attention, self.tree_path, self.tree_rejected, self.device)
 
     def prepare(self, input_ids, cu_seqlens, *, all_tokens=None, namespaces=None) -> PreparedBatch:
         """Host side: input_ids int [N], cu_seqlens int [B+1] -> everything the forward needs.

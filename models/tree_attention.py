@@ -15,8 +15,8 @@ Keys are never gathered per sequence: a segment is a slice of the source K/V ([p
 new rows] with a prefix cache, so a cache hit is read once per batch and layer), and the own
 blocks are the new rows themselves, in compact order. The plan is host-side numpy, built once per
 batch on the prep thread; `plan_tree` also estimates the cost of this path and of the flat one
-(per-owner key gather) on the CPU and returns None when the flat path is cheaper, or, unless
-forced, on any other device (where the tree measured slower).
+(per-owner key gather) on the CPU and returns None when the flat path is cheaper; unless forced,
+it plans nothing off the CPU (`auto_plans_tree`: there the tree measured slower).
 
 Invariant: the own-call rows of owner s are source rows own_offset + cu_q[s] .. own_offset +
 cu_q[s+1] and the last lq(s) entries of its keys; `plan_tree` checks it and declines otherwise.
@@ -43,6 +43,15 @@ log = logging.getLogger(__name__)
 CALL_S = 25e-6
 ELEM_S = 0.6e-9
 POLICIES = TREE_ATTENTION  # the policies `load_runner(tree_attention=...)` takes (models/options.py)
+
+
+def auto_plans_tree(device: torch.device) -> bool:
+    """Whether policy "auto" considers the tree on this device: the CPU only, by its estimate.
+    NOTE: on an H100 (bf16, aten's flash op) the tree path ran the whole forward at 0.76-0.88x
+    the flat one's speed in every shape measured, the shared prefix read once included
+    (docs/benchmarks.md, section 6b): both make the same FLOPs, and the tree adds a query gather
+    and a float32 merge per layer. So elsewhere "auto" keeps the flat path; "on" forces the tree."""
+    return device.type == "cpu"
 
 
 @dataclass(frozen=True)
@@ -111,6 +120,8 @@ def plan_tree(cu_q, cu_k, kv_index, *, own_offset: int, heads: int, kv_heads: in
     each owner's keys (host numpy, as the batch builder made them).
     """
     device = torch.device(device)
+    if not force and not auto_plans_tree(device):
+        return None
     cq, ck = np.asarray(cu_q, np.int64), np.asarray(cu_k, np.int64)
     kv = np.asarray(kv_index, np.int64)
     lq, lk = np.diff(cq), np.diff(ck)
@@ -151,11 +162,7 @@ def plan_tree(cu_q, cu_k, kv_index, *, own_offset: int, heads: int, kv_heads: in
                                                            + 3 * width * int(lq[anc > 0].sum()))
     tree = CALL_S * (len(own_runs) + len(segs)) + ELEM_S * (width * gathered_q + 4 * width * m)
     # NOTE: with nothing shared the two paths run the same causal calls; the flat one is kept.
-    # On CUDA the flat path is kept unless forced: on an H100 (bf16, aten's flash op) the tree
-    # path ran the whole forward at 0.76-0.88x the flat one's speed in every shape measured, the
-    # shared prefix read once included (docs/benchmarks.md, section 6b). Both make the same
-    # FLOPs; the tree adds a query gather and a float32 merge per layer.
-    if not force and (tree > flat or not m or device.type != "cpu"):
+    if not force and (tree > flat or not m):
         return None
 
     def dev(a: np.ndarray, dtype=torch.int64) -> Tensor:

@@ -20,7 +20,7 @@ import torch
 
 from models.attention import make_meta, sdpa_varlen
 from models.attention_select import HALF, Shape
-from models.tree_attention import TreeFn, plan_tree, tree_cpu, tree_varlen
+from models.tree_attention import TreeFn, auto_plans_tree, plan_tree, tree_cpu, tree_varlen
 
 log = logging.getLogger(__name__)
 
@@ -140,3 +140,15 @@ def select_tree(device: torch.device | str, *, dtype: torch.dtype, heads: int, k
         rejected[name] = reason
         log.warning("tree attention path %s rejected on %s: %s", name, device, reason)
     return None, rejected
+
+
+def describe_tree(policy: str, path: TreeBackend | None, rejected: dict[str, str],
+                  device: torch.device) -> str:
+    """/info's tree_attention: e.g. "auto (cpu-flash)", or "off (...)" with why no path runs."""
+    if path is None or policy == "off":
+        why = "; ".join(f"{k}: {v}" for k, v in rejected.items()) or "off"
+        return f"off ({why})" if policy != "off" else "off"
+    if policy == "auto" and not auto_plans_tree(device):
+        return (f"auto ({path.name}; flat on {device.type}, where the tree measured slower; "
+                "--tree-attention on forces it)")
+    return f"{policy} ({path.name})"
