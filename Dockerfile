@@ -120,10 +120,10 @@ RUN python -m pip install . \
 # at once, so every op of a big forward faulted fresh pages in (0.90x glibc's items/s at full
 # load); oversize_threshold:0 keeps them under the normal 10 s decay (1.35x glibc's), and
 # background_thread:true returns idle pages without waiting for the next allocation
-# (docs/benchmarks.md, section 10g). The two capacities bound the per-shape primitive caches of the
-# packed CPU linears (torch's ideep LRU and oneDNN's own, 1024 entries each by default), which
-# otherwise grow by hundreds of MB when batch shapes vary (docs/benchmarks.md, section 9;
-# docs/operations.md, "Memory (RSS) on the CPU"). `-e LD_PRELOAD=` turns jemalloc off.
+# (docs/decisions.md, "jemalloc and capped oneDNN caches"). The two capacities bound the per-shape
+# primitive caches of the packed CPU linears (torch's ideep LRU and oneDNN's own, 1024 entries each
+# by default), which otherwise grow by hundreds of MB when batch shapes vary (docs/operations.md,
+# "Memory (RSS) on the CPU"). `-e LD_PRELOAD=` turns jemalloc off.
 ENV LD_PRELOAD=libjemalloc.so.2 \
     MALLOC_CONF=oversize_threshold:0,background_thread:true \
     LRU_CACHE_CAPACITY=64 \
@@ -191,10 +191,10 @@ COPY --from=cuda-build --chown=radixserve:radixserve /opt/radixserve/torch_exten
 # at once, so every op of a big forward faulted fresh pages in (0.90x glibc's items/s at full
 # load); oversize_threshold:0 keeps them under the normal 10 s decay (1.35x glibc's), and
 # background_thread:true returns idle pages without waiting for the next allocation
-# (docs/benchmarks.md, section 10g). The two capacities bound the per-shape primitive caches of the
-# packed CPU linears (torch's ideep LRU and oneDNN's own, 1024 entries each by default), which
-# otherwise grow by hundreds of MB when batch shapes vary (docs/benchmarks.md, section 9;
-# docs/operations.md, "Memory (RSS) on the CPU"). `-e LD_PRELOAD=` turns jemalloc off.
+# (docs/decisions.md, "jemalloc and capped oneDNN caches"). The two capacities bound the per-shape
+# primitive caches of the packed CPU linears (torch's ideep LRU and oneDNN's own, 1024 entries each
+# by default), which otherwise grow by hundreds of MB when batch shapes vary (docs/operations.md,
+# "Memory (RSS) on the CPU"). `-e LD_PRELOAD=` turns jemalloc off.
 ENV LD_PRELOAD=libjemalloc.so.2 \
     MALLOC_CONF=oversize_threshold:0,background_thread:true \
     LRU_CACHE_CAPACITY=64 \

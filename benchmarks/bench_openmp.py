@@ -7,8 +7,8 @@ imported), in alternating order, and times ``runner.run`` in process on three sh
 test fixture with one 22-token input, and the 2-layer Qwen3-0.6B-shaped fixture with 1 and 16
 inputs. ``--hogs N`` keeps N busy-looping processes running meanwhile (a host whose cores other
 work wants). Prints one JSON line per process: median milliseconds per shape. These forwards run
-on each process's main thread, unlike the server's; docs/benchmarks.md section 10e has the
-figures and the server-level comparison.
+on each process's main thread, unlike the server's; docs/decisions.md ("OpenMP's wait policy
+left alone") has the server-level comparison.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ Prints the GEMM rate of MKL (`torch.mm`) and oneDNN (`mkldnn._linear_pointwise`,
 linears' op) on one 256 x 2048 x 128 product, then, for blocks in the 0.6B model's head layout
 (16 query heads, 8 K/V heads, head dim 128), the median ms and useful GFLOP/s of both kernels
 (alternating call by call, round 0 not counted) and their ratio. The blocks are the ones the
-tree and the flat path make at B=16 P=2048 S=128 (docs/benchmarks.md, sections 11d-11e), a long
+tree and the flat path make at B=16 P=2048 S=128 (docs/decisions.md, "CPU attention tiles"), a long
 input's causal block, and the threshold's neighbourhood. Nothing is asserted: a tool.
 """
 from __future__ import annotations

@@ -9,11 +9,10 @@ Which implementation runs on CUDA is set by ``RADIXSERVE_GATHER_IMPL``:
 - ``cuda``: the custom kernel (kernels/gather.cu) wherever its checks pass, the K/V pair in one
   launch; loaded prebuilt or built on first use, then self-tested (kernels/gather.py).
 - ``auto`` (default): an alias for the implementation ``AUTO_GATHER_IMPL`` names, ``torch`` today.
-NOTE: the rule is to keep the custom kernel only where a measurement on the GPU shows it beating
-torch (index_select, advanced indexing, torch.gather, against a device-to-device copy). On an
-H100 it passed its tests and ran 1.03-2.04x index_select per gather, but a whole forward moved
-by at most 0.4% (docs/benchmarks.md, 6a): not worth a start-up compile on a pip install without
-a prebuilt library, so ``auto`` does not use it.
+NOTE: the rule is to let ``auto`` use the custom kernel only where a measurement on the GPU shows
+it beating torch over a whole forward, not just per gather: a faster gather that leaves the
+forward's time unchanged does not pay for a start-up compile on a pip install without a prebuilt
+library (docs/decisions.md, "index_select over the custom gather kernel").
 ``python -m benchmarks.gpu_check`` runs its tests and ``benchmarks.bench_kernels``.
 
 ``RADIXSERVE_DISABLE_KERNELS=1`` forces the ref twins and never builds anything. Importing this

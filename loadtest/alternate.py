@@ -2,8 +2,8 @@
 
 Run one after another, targets meet whatever the machine is doing during their own minutes: on a
 shared or noisy host a slow spell lands on one of them and moves the ratio by more than the
-difference being measured (docs/benchmarks.md 5c saw the same pair of configurations swing from
-1.47x to 1.62x between two sequential runs). At concurrency 1 exactly one request is in flight
+difference being measured (two sequential runs of one pair of configurations can differ by more
+than 10%). At concurrency 1 exactly one request is in flight
 anywhere, so the targets can take turns at no cost to fairness: request i goes to every target
 before request i+1 goes to any, and the target that goes first rotates each round. A slow spell
 then hits all targets alike. Every target sees the same requests in the same order, so its own

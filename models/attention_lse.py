@@ -108,7 +108,7 @@ def select_cpu_kernel(wanted: bool, *, heads: int, kv_heads: int, head_dim: int)
 def _measure(heads: int, kv_heads: int, head_dim: int, threads: int) -> float:
     """flash time / tiles time (best of 3, alternating) over a causal 2048-row block and 2048
     queries x 2048 keys. The smallest blocks tiles serve are about the causal one's size, where
-    two threads measured 1.1-1.3x against 1.3-1.6x on big blocks: the pair is steadier than the
+    the gain is smaller and varies more than on big blocks: the pair is steadier than the
     smallest alone. First the tiles must match the flash kernel run in float64 on a causal
     600-row block and 130 x 700 keys (every kind of tile: full, diagonal, tail, padded rows);
     AssertionError on a mismatch. Cached: once per process, model shape and thread count."""

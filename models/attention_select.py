@@ -8,8 +8,9 @@ error, probe mismatch, an exception) are logged at WARNING with that reason.
 
 Order on CUDA: flash-attn, torch's varlen_attn (fp16/bf16 only: both are flash kernels), torch's
 memory-efficient varlen kernel with a bottom-right mask (any float dtype), the padded batched
-SDPA, then the per-run SDPA that always works. On the CPU the per-run SDPA is the fastest
-(docs/benchmarks.md), so it is the only candidate there.
+SDPA, then the per-run SDPA that always works. On the CPU the per-run SDPA is the fastest (the
+padded path's explicit mask loses the causal fast path; docs/decisions.md, "Per-run SDPA on the
+CPU"), so it is the only candidate there.
 """
 from __future__ import annotations
 
@@ -177,7 +178,7 @@ def candidates(device: torch.device, dtype: torch.dtype) -> tuple[list[str], dic
         skipped = {name: f"needs CUDA (device is {device.type})" for name in CUDA_ORDER
                    if name != "sdpa-padded"}
         skipped["sdpa-padded"] = ("slower than the per-run sdpa on the CPU "
-                                  "(docs/benchmarks.md); used on CUDA without a fused kernel")
+                                  "(docs/decisions.md); used on CUDA without a fused kernel")
         return [], skipped
     skipped = {}
     names = list(CUDA_ORDER)

@@ -1,12 +1,12 @@
 """Attention over one key block in fixed-size oneDNN GEMM tiles, with its log-sum-exp (CPU fp32).
 
 Why: aten's CPU flash kernel multiplies through the BLAS sgemm, and on CPUs where that sgemm is
-not the fastest GEMM the process has, attention runs well below the linears. On the dev CPU (an
-AMD EPYC with AVX-512) MKL's sgemm runs ~105 GFLOP/s single-threaded while oneDNN's matmul, the
-one behind the packed linears, runs ~250; a large attention block in 128 x 512 tiles through
-oneDNN runs 1.2-1.5x faster than the flash kernel (docs/benchmarks.md, section 11e). Where
-that is not so (an Intel CPU whose MKL takes its AVX-512 path), ``attention_lse.select_cpu_kernel``
-measures it at load and keeps the flash kernel.
+not the fastest GEMM the process has, attention runs well below the linears. Where MKL's sgemm is
+slower than oneDNN's matmul (the one behind the packed linears), a large attention block in
+128 x 512 tiles through oneDNN beats the flash kernel. Where it is not (an Intel CPU whose MKL
+takes its AVX-512 path), the flash kernel is as fast, so ``attention_lse.select_cpu_kernel``
+measures both at load and keeps the flash kernel unless tiles win (docs/decisions.md, "CPU
+attention tiles, chosen at load").
 
 Contract: ``tiled_lse(q, k, v, causal=, scale=)`` returns what ``attention_lse.block_lse`` returns,
 (out [g, H, Lq, D], lse [g, H, Lq] float32), equal up to fp32 summation order. Queries go in
@@ -34,8 +34,9 @@ from torch import Tensor
 TILE_Q = 128  # query rows per head in one tile
 TILE_K = 512  # keys in one unmasked tile (a multiple of TILE_Q)
 # Blocks with fewer (query row x key) pairs per K/V head, the group's heads folded in, stay on
-# the flash kernel: at two threads small blocks ran slower as tiles and the gain grows with the
-# block (`python -m benchmarks.bench_tiles`, docs/benchmarks.md, section 11e).
+# the flash kernel: the gain grows with the block, and at two threads a 128 x 2048 block ran
+# slower as tiles (`python -m benchmarks.bench_tiles --threads 2 --clock wall`; docs/decisions.md,
+# "CPU attention tiles, chosen at load").
 MIN_PAIRS = 1 << 22
 _NEG = float("-inf")
 # Process-wide, like the kernel itself: set once at load (attention_lse.select_cpu_kernel)
@@ -49,7 +50,7 @@ def set_enabled(on: bool) -> None:
 
 def _mm_t(x: Tensor, w: Tensor) -> Tensor:
     """x [M, K] @ w[N, K].T -> [M, N] through oneDNN's linear. NOTE: w must be contiguous: a
-    strided weight was measured ~1000x slower."""
+    strided weight takes a path orders of magnitude slower."""
     return torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "")
 
 

@@ -1,12 +1,11 @@
 """Linear layers with weights reordered once at load for oneDNN on the CPU.
 
 Why: a forward over a few rows (one query, one cached rerank pair) is a stack of GEMMs with a
-small M. MKL's sgemm behind ``F.linear`` repacks the whole weight on every call, so on the CPU a
-2-layer forward over 6 rows costs ~3x reading the weights once (docs/benchmarks.md, "CPU packed
-weights"). oneDNN's linear takes a weight reordered once into its blocked layout
-(``torch.ops.mkldnn._reorder_linear_weight``) and skips that repacking: on the dev CPU a forward
-over 6 rows is 2.3x faster, 137 rows 1.2x, 512 rows the same (``python -m benchmarks.bench_linear``);
-the same arithmetic up to summation order.
+small M. MKL's sgemm behind ``F.linear`` repacks the whole weight on every call, which dominates
+a forward over a few rows. oneDNN's linear takes a weight reordered once into its blocked layout
+(``torch.ops.mkldnn._reorder_linear_weight``) and skips that repacking: the fewer the rows, the
+larger the gain, and at a few hundred rows the two are even (``python -m benchmarks.bench_linear``;
+docs/decisions.md, "oneDNN packed linears on the CPU"); the same arithmetic up to summation order.
 
 Contract:
 - ``Linear`` is ``nn.Linear``; after ``pack_linears`` it runs the reordered weight under

@@ -23,11 +23,10 @@ def check_radix_mlp_threshold(value: float, name: str = "radix_mlp_threshold") -
 # The trie's own cost is paid per batch whatever it finds: building it and the batch layout on the
 # host, one K/V gather per layer; its gain is the position-wise work (QKV, O, MLP) of the rows it
 # removes, which grows with saved rows x hidden size. Below this much saved work a batch runs
-# without it. Measured with `python -m benchmarks.bench gate` on a 2-core CPU (a whole batch,
-# prepare + run, with and without the trie, alternating): hidden 64 (the tiny fixtures) broke even
-# near 8,192 (128 saved rows: 1.01x; 56: 0.90x; 224: 1.06x; 896: 4.3x); hidden 1024 (Qwen3-0.6B's
-# layers) gained already at a few saved rows. Twice the break-even, so a tiny forward never pays
-# for the trie: the tiny fixtures need 256 saved rows, Qwen3-0.6B 16, Qwen3-8B 4.
+# without it. The value is twice the measured break-even (`python -m benchmarks.bench gate`: a
+# whole batch, prepare + run, with and without the trie, alternating; hidden 64 broke even near
+# 8,192, hidden 1024 gained at a few saved rows), so a tiny forward never pays for the trie: the
+# tiny fixtures need 256 saved rows, Qwen3-0.6B 16, Qwen3-8B 4 (docs/decisions.md, "The trie gate").
 MIN_SAVED_WORK = 16384
 
 

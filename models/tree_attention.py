@@ -47,10 +47,11 @@ POLICIES = TREE_ATTENTION  # the policies `load_runner(tree_attention=...)` take
 
 def auto_plans_tree(device: torch.device) -> bool:
     """Whether policy "auto" considers the tree on this device: the CPU only, by its estimate.
-    NOTE: on an H100 (bf16, aten's flash op) the tree path ran the whole forward at 0.76-0.88x
-    the flat one's speed in every shape measured, the shared prefix read once included
-    (docs/benchmarks.md, section 6b): both make the same FLOPs, and the tree adds a query gather
-    and a float32 merge per layer. So elsewhere "auto" keeps the flat path; "on" forces the tree."""
+    NOTE: on a GPU both paths make the same FLOPs on a compute-bound flash kernel, so reading a
+    shared prefix once saves little, while the tree adds a query gather, a second kernel call and
+    a float32 merge per layer: it measured slower over the whole forward in every shape tried
+    (docs/decisions.md, "Flat attention on CUDA"). So elsewhere "auto" keeps the flat path; "on"
+    forces the tree."""
     return device.type == "cpu"
 
 

@@ -89,7 +89,8 @@ class PrefixPolicy:
     lookahead_batches: int = 8
     # Reorder only when it pays: the grouped batch must save at least this share of its tokens
     # more than the FIFO batch would. Behind a shared template with short queries, grouping
-    # saves ~2-6% and costs tail latency (measured, docs/benchmarks.md), so FIFO is kept there.
+    # saves only a few percent and costs tail latency, so FIFO is kept there (docs/decisions.md,
+    # "The prefix policy forms at once").
     min_gain: float = 0.10
 
     def __post_init__(self) -> None:

@@ -127,7 +127,8 @@ def export_hub_settings(config: ServerConfig, environ=None) -> None:
 
 # The GIL switch interval of a serving process (Python's default: 5 ms). The worker's forward
 # releases and retakes the GIL around each of its hundreds of ops; while parsing and prep threads
-# run pure Python, each retake could wait a whole interval. docs/benchmarks.md, section 10c.
+# run pure Python, each retake could wait a whole interval (docs/decisions.md, "The GIL switch
+# interval").
 SWITCH_INTERVAL_S = 0.0005
 
 
@@ -140,9 +141,9 @@ def tune_switch_interval() -> None:
 
 def freeze_startup_objects() -> None:
     """Move everything alive after start-up (modules, the model, the app) out of the collector's
-    reach: a full collection over them took ~270 ms on the dev CPU, a pause on whichever thread
-    (and, holding the GIL, on the event loop) it falls. Objects made while serving are collected
-    as before."""
+    reach: a full collection walks every one of them (hundreds of thousands of objects in a loaded
+    server), a pause on whichever thread (and, holding the GIL, on the event loop) it falls.
+    Objects made while serving are collected as before."""
     t0 = time.perf_counter()
     gc.collect()
     gc.freeze()
@@ -208,9 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         if config.uds_path and os.path.exists(config.uds_path):
             os.unlink(config.uds_path)
     log.info("exiting with status %d", lifecycle.exit_code)
-    # NOTE: skip the interpreter's finalization: tearing down the loaded tokenizer and model took
-    # 3.6 s on a 2-core dev CPU for the tiny test fixture, time the shutdown budget does not have,
-    # and a forward that outlived the drain would hold it longer. Everything is answered and closed.
+    # NOTE: skip the interpreter's finalization: tearing down the loaded tokenizer and model can
+    # take seconds, even for the tiny test fixture, time the shutdown budget does not have, and a
+    # forward that outlived the drain would hold it longer. Everything is answered and closed.
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

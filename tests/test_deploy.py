@@ -211,7 +211,7 @@ def test_healthcheck_start_period_covers_a_cold_16gb_download(stages, target):
 @pytest.mark.parametrize("target", ["gpu", "cpu"], ids=["gpu-target", "cpu-target"])
 def test_final_images_preload_jemalloc_they_install_and_cap_onednn_caches(stages, target):
     """glibc's malloc keeps growing under churn where jemalloc settles, and the per-shape primitive
-    caches of oneDNN hold hundreds of MB at their default size (docs/benchmarks.md, section 8)."""
+    caches of oneDNN hold hundreds of MB at their default size (docs/decisions.md, "jemalloc ...")."""
     instrs = stages[target]["instrs"]
     preload = [i for i, (k, a) in enumerate(instrs) if k == "ENV" and "LD_PRELOAD" in a]
     assert preload and env_of(stages[target])["LD_PRELOAD"] == "libjemalloc.so.2"

@@ -2,7 +2,7 @@
 
 Oracles: a float64 per-sequence attention with the bottom-right causal mask, computed on the CPU
 from the same inputs; for the model, the same checkpoint run without the radix index, and in
-float32, on the same device. The CUDA cases are gpu-marked (skipped without one; run on the H100
+float32, on the same device. The CUDA cases are gpu-marked (skipped without one; run on a GPU
 through `python -m benchmarks.gpu_check`); the same checks also run on the CPU with the portable
 SDPA backend, so the references and bounds themselves are exercised on every machine.
 """

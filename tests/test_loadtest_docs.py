@@ -30,7 +30,7 @@ def _command_lines() -> list[tuple[str, str]]:
 
 def test_docs_have_commands():
     files = {f for f, _ in _command_lines()}
-    assert {"README.md", "loadtest.md", "benchmarks.md", "operations.md"} <= files
+    assert {"README.md", "loadtest.md", "performance.md", "operations.md"} <= files
 
 
 @pytest.mark.parametrize("where,cmd", _command_lines())

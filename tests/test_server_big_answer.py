@@ -2,7 +2,7 @@
 checkpoint (hidden 1024, one layer) answers 2048 inputs (a 2048 x 1024 float JSON body, ~44 MB)
 while /health is probed every 20 ms and one-input requests run back to back.
 
-Generous bounds (the figures on the dev CPU are in docs/benchmarks.md): every /health probe
+Generous bounds (measured figures: docs/decisions.md, "Answers rendered off the loop"): every /health probe
 answered while the answer was rendered and sent took under 250 ms (before the answer was rendered
 off the loop it took seconds), and a one-input request's front-end time (its latency less its queue
 and forward time) during the big answer stays within its own cost alone plus a margin.

@@ -13,7 +13,7 @@ A route whose body may take one of several shapes (POST /: /embed's or /similari
 ``pick(data) -> Model``, which chooses the model from the parsed JSON before steps 3-4.
 Bodies larger than ``INLINE_BYTES`` run steps 1-4 in a worker thread. NOTE: the parse holds the
 GIL, so the thread alone would not keep the loop responsive; the container bound is what keeps
-each step short (tens of ms for a 2 MB body on a 2-core dev CPU).
+each step short (tens of ms for a 2 MB body).
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def count_containers(raw: bytes, *, limit: int) -> int:
 
     The cheap upper bound (every bracket) settles nearly every body. Otherwise string literals
     are skipped with one ``find`` per quote. NOTE: a Python loop of short C calls on purpose: a
-    single regex over 2 MB held the GIL (and so the event loop) for ~300 ms.
+    single regex over a 2 MB body holds the GIL (and so the event loop) for hundreds of ms.
     """
     bound = raw.count(b"[") + raw.count(b"{")
     if bound <= limit:

@@ -24,7 +24,7 @@ import orjson
 from starlette.responses import Response, StreamingResponse
 
 INLINE_VALUES = 8192  # answers up to this many values are rendered on the loop (a thread hop costs more)
-SLICE_VALUES = 32768  # values per encoder call (~1-2 ms of GIL on a dev CPU)
+SLICE_VALUES = 32768  # values per encoder call: about a millisecond or two of GIL held at once
 STREAM_BYTES = 256 * 1024  # bodies above this go out in pieces of this size
 _OPTS = orjson.OPT_SERIALIZE_NUMPY
 RECORD_VALUES = 16  # rendering weight of one answer record (a dict, maybe a text) in float values
