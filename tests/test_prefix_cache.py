@@ -42,19 +42,22 @@ def _check(cache: PrefixCache, live_pending: int = 0) -> None:
         assert b.children == sum(1 for c in committed if c.parent is b)
         assert cache._index[b.key] is b
         assert len(b.tokens) == 4 * BLK or b.children == 0, "a tail block has children"
-    assert set(cache._lru) == ids
     slots = [b.slot for b in committed] + list(cache._free)
     assert len(slots) == len(set(slots)) and len(slots) + live_pending == cache.n_slots
-    prefixes = {}  # the partial-match index, recounted
+    siblings = {}  # the partial-match index, recounted: each parent's children's tokens, sorted
     for b in committed:
-        pid = b.parent.id if b.parent is not None else 0
-        for k in range(1, min(BLK - 1, len(b.tokens) // 4) + 1):  # a tail of t tokens: 1..t
-            prefixes.setdefault((pid, b.tokens[:4 * k]), set()).add(b.id)
-    assert {key: set(v) for key, v in cache._prefixes.items()} == prefixes
-    order = list(cache._lru.values())
-    for i, b in enumerate(order):  # LRU: every parent is more recent than each of its children
+        pid = b.parent.id if b.parent is not None else b.root
+        siblings.setdefault(pid, []).append(b.tokens)
+    assert {pid: list(v) for pid, v in cache._siblings.items()} == {k: sorted(v) for k, v in siblings.items()}
+    for b in committed:  # LRU: no block was used after its parent
+        assert b.live
         if b.parent is not None:
-            assert order.index(b.parent) > i
+            assert b.parent.used >= b.used
+    # every evictable block waits in the eviction order at its last use
+    queued = {(e[3].id, e[0]) for e in cache._order._heap}
+    for b in committed:
+        if b.refs == 0 and b.children == 0:
+            assert (b.id, b.used) in queued, "an evictable block is missing from the eviction order"
 
 
 def test_sizes():
