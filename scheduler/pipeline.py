@@ -38,7 +38,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .contract import ModelRunner, PendingOutput, Prepared
+from .contract import ModelRunner, Prepared
 from .faults import DeviceFault, classify, release_cached_memory
 from .forming import Entry, Former
 from .metrics import Metrics
@@ -54,6 +54,12 @@ _STOP = object()  # sentinel on the hand-off queue: no more batches
 Resolve = Callable[[list[tuple[Entry, Any, BaseException | None]]], None]
 _POLL_S = 0.05  # how often blocked threads look at the dead flag
 IN_FLIGHT = 2  # batches launched and not yet settled: the one computing and the one queued behind it
+
+
+def _pending(out: Any) -> bool:
+    """Is ``out`` a ``PendingOutput``? Its one method, looked up directly: a runtime Protocol
+    check walks the Protocol's attributes on every call."""
+    return callable(getattr(out, "result", None))
 
 
 class BatchFailed(Exception):
@@ -318,7 +324,7 @@ class Pipeline:
             self._in_flight.release()
             self._fail(batch, "run", exc)
             return
-        if isinstance(out, PendingOutput):
+        if _pending(out):
             self._settler.submit(batch, out)
         elif here:
             self._finish(batch, out)
