@@ -281,3 +281,20 @@ def test_tails_are_written_once_read_partially_and_stay_leaves():
     assert lease.pending[0].parent is tail.parent and tail.children == 0
     cache.commit(lease)
     _check(cache)
+
+
+def test_commit_later_publishes_at_the_next_plan_and_ignores_a_late_abort():
+    """The worker only queues a finished lease; the next plan publishes it before its look-up."""
+    cache = _cache(8)
+    seq = _seq(1, 40)
+    lease = cache.plan(*_pack(seq))
+    cache.commit_later(lease)
+    assert not cache._index and not lease.done  # nothing published on the worker's call
+    cache.abort(lease)  # a dropped batch's finalizer after the hand-over: the commit stands
+    again = cache.plan(*_pack(seq))
+    assert lease.done and again.matched.tolist() == [39]  # published first, then looked up
+    assert len(cache._index) == 3  # 2 blocks and the 8-token tail
+    cache.commit_later(again)
+    assert cache.stats()["blocks"] == 3 and again.done  # stats publishes what is queued too
+    cache.reset()
+    _check(cache)
