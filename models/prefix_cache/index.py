@@ -205,8 +205,9 @@ class PrefixCache:
                         run_rows.append(part.slot * blk)
                 matched[s] = j * blk + k
                 chained = True  # every complete block is cached or written (a tail may follow)
+                known = len(nodes)
                 for jj in range(j, n_full):
-                    if jj < len(nodes):  # seq s-1's pending block: the same tokens under the same parent
+                    if jj < known:  # seq s-1's pending block: the same tokens under the same parent
                         parent = nodes[jj]
                         continue
                     key = (parent.id if parent is not None else root, raw[4 * a + jj * width:4 * a + (jj + 1) * width])
