@@ -18,6 +18,13 @@ Prints per workload and configuration: batches, tokens per batch, computed rows 
 per batch, throughput, and the ratios against `no-cache`. Figures only; nothing is asserted.
 
     python -m benchmarks.bench_cache --preset qwen3-0.6b --layers 2 --dtype float32
+
+`--host` measures the cache's bookkeeping alone instead (benchmarks/bench_cache_host.py): the
+CPU-seconds per 1M tokens of `PrefixCache.plan` and `commit` under eviction pressure, and the
+worker's host time per batch in `runner.run` with a zero-cost forward, on the embed-template load
+(64 templated pairs per batch) and a rerank load (one query, 100 passages per batch):
+
+    python -m benchmarks.bench_cache --host
 """
 from __future__ import annotations
 
@@ -149,6 +156,11 @@ def parse_args(argv):
     p.add_argument("--prefix-cache-size", default="auto")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--host", action="store_true",
+                   help="the cache's bookkeeping alone: plan/commit CPU time, worker host time")
+    p.add_argument("--host-batches", type=int, default=12, help="--host: batches per load")
+    p.add_argument("--host-capacity", type=int, default=24576,
+                   help="--host: pool tokens (below a few batches' worth: eviction under pressure)")
     return p.parse_args(argv)
 
 
@@ -157,6 +169,11 @@ def main(argv=None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     from models import fixtures
+
+    if args.host:
+        from benchmarks.bench_cache_host import host_main
+
+        return host_main(args)
 
     runners: dict[str, Runner] = {}
     print(f"# {args.preset} layers={args.layers}, {torch.get_num_threads()} threads, "

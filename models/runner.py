@@ -5,7 +5,7 @@ batch N+1 while `run` executes batch N; it builds the prefix trie and applies th
 itself, so callers see batches, never tries. `run` returns CPU float32 with one device-to-host
 copy. Backend and kernels are chosen once here, at build time. With a prefix cache, every
 prepared batch holds a lease on it: `run` commits it when the forward succeeded and aborts it
-otherwise. Items flagged `all_tokens` answer every token's final state, read from the model rows
+otherwise (the commit is queued; the prep thread publishes it). Items flagged `all_tokens` answer every token's final state, read from the model rows
 through the trie's scatter (never an uncompacted forward); their batch skips the prefix cache.
 """
 from __future__ import annotations
@@ -207,7 +207,8 @@ class Runner:
         into pinned memory is under way, ``result()`` waits for it, the caller is not blocked.
 
         NOTE: on CUDA the cache lease is committed once the forward is queued: later batches read
-        the pool on the same stream, after it; a device fault there is fatal to the process."""
+        the pool on the same stream, after it; a device fault there is fatal to the process. The
+        commit here only queues the lease; the prep thread publishes it before its next look-up."""
         batch = prepared.forward
         out: torch.Tensor | list | streams.HostCopy
         try:

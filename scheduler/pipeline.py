@@ -1,18 +1,21 @@
 """The two threads behind the scheduler, and the life of one batch as short steps in one place.
 
     prep thread:    form -> prepare (pack; runner.prepare builds and gates the index, then tensors)
-    worker thread:  execute (runner.run) -> deliver (one output to each entry)
+    worker thread:  execute (runner.run)
+    settle thread:  [wait for a PendingOutput] -> deliver (one output to each entry)
 
 With ``inline`` (a CPU runner), a batch formed while the worker holds none and nobody else waits
-runs on the prep thread itself: a lone request pays no hand-over. On an accelerator ``run`` may
-return a ``PendingOutput``; the settling thread (scheduler/settling.py) waits for it and delivers,
-so the worker only launches forwards, at most IN_FLIGHT of them unsettled.
+runs on the prep thread itself, and is delivered there: a lone request pays no hand-over. Every
+batch the worker runs is delivered by the settling thread (scheduler/settling.py), which first
+waits for it when ``run`` returned a ``PendingOutput`` (an accelerator's copy to the host still
+under way): the worker only launches forwards, at most IN_FLIGHT of them unsettled, and splitting
+outputs and resolving entries never delay the next launch.
 
 The prep thread forms a batch from a snapshot of the waiting queue (no lock held while the former
 runs), packs it (input_ids [N], cu_seqlens [B+1] int32) and calls ``runner.prepare``, which builds
 and gates the trie itself; it hands the result over a queue of size 1. The worker executes the
-batch (``runner.run``) and delivers its outputs: every entry is resolved with its own output, or
-with an error. The runner is any ``ModelRunner`` (scheduler/contract.py), read through nothing
+batch (``runner.run``); its outputs are delivered in launch order: every entry is resolved with its
+own output, or with an error. The runner is any ``ModelRunner`` (scheduler/contract.py), read through nothing
 else. Invariants: while the worker runs batch k,
 the prep thread is already preparing batch k+1 (never k+2: one slot); an ``Exception`` in any
 step fails only that batch's entries (BatchFailed, a generic message; the log has the details);
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import queue
 import threading
 import time
@@ -34,12 +38,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .contract import ModelRunner, PendingOutput, Prepared
+from .contract import ModelRunner, Prepared
 from .faults import DeviceFault, classify, release_cached_memory
 from .forming import Entry, Former
 from .metrics import Metrics
 from .packing import pack, split_outputs
-from .settling import Settler
+from .settling import Ready, Settler
 from .waiting import WaitQueue
 
 log = logging.getLogger(__name__)
@@ -50,6 +54,12 @@ _STOP = object()  # sentinel on the hand-off queue: no more batches
 Resolve = Callable[[list[tuple[Entry, Any, BaseException | None]]], None]
 _POLL_S = 0.05  # how often blocked threads look at the dead flag
 IN_FLIGHT = 2  # batches launched and not yet settled: the one computing and the one queued behind it
+
+
+def _pending(out: Any) -> bool:
+    """Is ``out`` a ``PendingOutput``? Its one method, looked up directly: a runtime Protocol
+    check walks the Protocol's attributes on every call."""
+    return callable(getattr(out, "result", None))
 
 
 class BatchFailed(Exception):
@@ -164,7 +174,7 @@ class Pipeline:
             prepared = error is None and self._prepare(batch)
             if prepared and self._lone():
                 self._prep_busy.clear()
-                self._execute(batch)  # frees the slot as it starts
+                self._execute(batch, here=True)  # frees the slot as it starts
                 continue
             handed = prepared and self._hand_over(batch)
             self._prep_busy.clear()
@@ -295,11 +305,12 @@ class Pipeline:
         if self.metrics is not None:
             self.metrics.worker_idle_ratio.set(self.idle_ratio)
 
-    def _execute(self, batch: _Batch) -> None:
-        """runner.run on the prepared batch, then deliver its outputs; a failure fails this batch.
+    def _execute(self, batch: _Batch, *, here: bool = False) -> None:
+        """runner.run on the prepared batch; a failure fails this batch.
 
-        A ``PendingOutput`` (the copy to the host still under way) goes to the settling thread,
-        which delivers it; at most IN_FLIGHT batches are launched and not yet settled."""
+        Its output goes to the settling thread, which waits for it if it is a ``PendingOutput``
+        (the copy to the host still under way) and delivers it; at most IN_FLIGHT batches are
+        launched and not yet settled. ``here`` (a lone batch on the prep thread): deliver now."""
         while not self._in_flight.acquire(timeout=_POLL_S):
             if self._dead.is_set():
                 self._resolve_all(batch, WorkerDead, "the model worker is not running")
@@ -313,14 +324,18 @@ class Pipeline:
             self._in_flight.release()
             self._fail(batch, "run", exc)
             return
-        if isinstance(out, PendingOutput):
+        if _pending(out):
             self._settler.submit(batch, out)
-            return
-        self._finish(batch, out)
+        elif here:
+            self._finish(batch, out)
+        else:
+            batch.forward_end = time.monotonic()  # on the host already: the forward ended now
+            self._settler.submit(batch, Ready(out))
 
     def _finish(self, batch: _Batch, out: Any) -> None:
         """The forward's output is on the host: deliver it, free its in-flight place."""
-        batch.forward_end = time.monotonic()
+        if math.isnan(batch.forward_end):
+            batch.forward_end = time.monotonic()
         self._in_flight.release()
         try:
             self._deliver(batch, out)

@@ -1,10 +1,12 @@
-"""The settling thread: outputs still on their way to the host are waited for here, not on the worker.
+"""The settling thread: every batch the worker ran is delivered here, not on the worker.
 
 On an accelerator ``runner.run`` may return a ``PendingOutput`` (scheduler/contract.py): the
 forward and the copy of its outputs are queued on the device, and ``result()`` blocks until they
-are done. The pipeline hands each such batch to ``Settler.submit``; the settling thread waits for
-the outputs in launch order and calls ``finish(batch, outputs)``, or ``fail(batch, exc)`` when the
-wait raised. The thread starts with the first pending output, so a CPU pipeline never has it.
+are done; an output already on the host comes wrapped in ``Ready``. The pipeline hands each batch
+to ``Settler.submit``; the settling thread waits for the outputs in launch order and calls
+``finish(batch, outputs)`` (split and resolve every entry), or ``fail(batch, exc)`` when the wait
+raised, so the worker's share of a batch ends with the launch. The thread starts with the first
+batch submitted: a CPU pipeline serving lone requests inline never has it.
 Invariant: batches settle in the order they were launched, each exactly once.
 """
 from __future__ import annotations
@@ -16,6 +18,18 @@ from typing import Any, Callable
 from .contract import PendingOutput
 
 _STOP = object()
+
+
+class Ready:
+    """An output already on the host, in ``PendingOutput``'s shape."""
+
+    __slots__ = ("out",)
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+
+    def result(self) -> Any:
+        return self.out
 
 
 class Settler:

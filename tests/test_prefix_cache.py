@@ -42,19 +42,22 @@ def _check(cache: PrefixCache, live_pending: int = 0) -> None:
         assert b.children == sum(1 for c in committed if c.parent is b)
         assert cache._index[b.key] is b
         assert len(b.tokens) == 4 * BLK or b.children == 0, "a tail block has children"
-    assert set(cache._lru) == ids
     slots = [b.slot for b in committed] + list(cache._free)
     assert len(slots) == len(set(slots)) and len(slots) + live_pending == cache.n_slots
-    prefixes = {}  # the partial-match index, recounted
+    siblings = {}  # the partial-match index, recounted: each parent's children's tokens, sorted
     for b in committed:
-        pid = b.parent.id if b.parent is not None else 0
-        for k in range(1, min(BLK - 1, len(b.tokens) // 4) + 1):  # a tail of t tokens: 1..t
-            prefixes.setdefault((pid, b.tokens[:4 * k]), set()).add(b.id)
-    assert {key: set(v) for key, v in cache._prefixes.items()} == prefixes
-    order = list(cache._lru.values())
-    for i, b in enumerate(order):  # LRU: every parent is more recent than each of its children
+        pid = b.parent.id if b.parent is not None else b.root
+        siblings.setdefault(pid, []).append(b.tokens)
+    assert {pid: list(v) for pid, v in cache._siblings.items()} == {k: sorted(v) for k, v in siblings.items()}
+    for b in committed:  # LRU: no block was used after its parent
+        assert b.live
         if b.parent is not None:
-            assert order.index(b.parent) > i
+            assert b.parent.used >= b.used
+    # every evictable block waits in the eviction order at its last use
+    queued = {(e[3].id, e[0]) for e in cache._order._heap}
+    for b in committed:
+        if b.refs == 0 and b.children == 0:
+            assert (b.id, b.used) in queued, "an evictable block is missing from the eviction order"
 
 
 def test_sizes():
@@ -277,4 +280,21 @@ def test_tails_are_written_once_read_partially_and_stay_leaves():
     assert lease.matched.tolist() == [26] and lease.write_lens.tolist() == [BLK, 4]
     assert lease.pending[0].parent is tail.parent and tail.children == 0
     cache.commit(lease)
+    _check(cache)
+
+
+def test_commit_later_publishes_at_the_next_plan_and_ignores_a_late_abort():
+    """The worker only queues a finished lease; the next plan publishes it before its look-up."""
+    cache = _cache(8)
+    seq = _seq(1, 40)
+    lease = cache.plan(*_pack(seq))
+    cache.commit_later(lease)
+    assert not cache._index and not lease.done  # nothing published on the worker's call
+    cache.abort(lease)  # a dropped batch's finalizer after the hand-over: the commit stands
+    again = cache.plan(*_pack(seq))
+    assert lease.done and again.matched.tolist() == [39]  # published first, then looked up
+    assert len(cache._index) == 3  # 2 blocks and the 8-token tail
+    cache.commit_later(again)
+    assert cache.stats()["blocks"] == 3 and again.done  # stats publishes what is queued too
+    cache.reset()
     _check(cache)

@@ -2,6 +2,9 @@
 
 - a lone batch at an idle CPU pipeline runs on the prep thread (no hand-over); with others
   waiting, batches go to the worker, which overlaps with the next prepare;
+- every batch the worker runs is delivered on the settling thread (its outputs split and its
+  entries resolved there, never on the worker); a lone batch run on the prep thread is delivered
+  there;
 - a runner returning a ``PendingOutput`` (what models/streams.py's ``HostCopy`` is on CUDA) is
   settled on its own thread: the worker launches the next batch before the previous output is on
   the host, with at most IN_FLIGHT batches unsettled; a failed copy fails that batch only;
@@ -56,6 +59,46 @@ def test_without_inline_every_batch_runs_on_the_worker():
 
     run_async(runner, go, inline=False)
     assert runner.threads == ["rs-worker"] * 3
+
+
+class Output:
+    """A host output that records the thread that splits it into the entries' outputs."""
+
+    def __init__(self, value, seen: list[str]):
+        self.value, self.seen = value, seen
+
+    def detach(self):
+        self.seen.append(threading.current_thread().name)
+        return self
+
+    def cpu(self):
+        return self
+
+    def numpy(self):
+        return np.asarray(self.value)
+
+
+class DeliveryRecordingRunner(ThreadRecordingRunner):
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.split_on: list[str] = []
+
+    def run(self, prepared):
+        return Output(super().run(prepared), self.split_on)
+
+
+@pytest.mark.parametrize("inline", [False, True])
+def test_the_worker_runs_batches_and_the_settling_thread_delivers_them(inline):
+    runner = DeliveryRecordingRunner()
+
+    async def go(sched):
+        return [await sched.submit(req_items(r + 1, [2])) for r in range(3)]
+
+    _, results = run_async(runner, go, inline=inline)
+    assert [r.outputs[0].tolist() for r in results] == [expected(req_items(r + 1, [2])[0]).tolist() for r in range(3)]
+    # one request at a time: inline, each runs and is delivered on the prep thread
+    want_run, want_split = ("rs-prep", "rs-prep") if inline else ("rs-worker", "rs-settle")
+    assert runner.threads == [want_run] * 3 and runner.split_on == [want_split] * 3
 
 
 class Pending:

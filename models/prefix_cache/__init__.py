@@ -1,8 +1,11 @@
 """Cross-batch prefix cache: per-layer K/V rows of token blocks that earlier batches computed.
 
 One package, one job each:
-- `index`: the block radix tree, its LRU and the preallocated K/V pool; `PrefixCache.plan` looks a
-  batch up and leases what it reads and writes, `commit`/`abort` settle the lease.
+- `index`: the block radix tree, its eviction order and the preallocated K/V pool;
+  `PrefixCache.plan` looks a batch up and leases what it reads and writes, `commit_later` (the
+  worker: queued, published by the next plan), `commit` or `abort` settle the lease.
+- `siblings`: each parent's committed children sorted by token bytes (the partial look-up).
+- `eviction`: the evictable leaves, least recently used first.
 - `layout`: `cache_refusal`, the one rule for "may this batch use the cache", and `plan_batch`,
   a batch's one entry into the cache (look-up, then which trie nodes the pool serves and which
   rows it stores).

@@ -8,24 +8,34 @@ full, and block ids are never reused, so a hit is always the very same token pre
 K after q/k-norm and rotary at absolute positions, so its rows are valid for any sequence that
 starts with the same tokens. The K/V row of a position depends only on the tokens up to it, so a
 sequence that matches the first k (1..block-1) tokens of a cached child of its last fully matched
-block reads those k rows too (a partial match); a second index keys every committed block by
-(parent id, its first k tokens) for each k, so finding the longest such k is a binary search of
-dict look-ups whatever the number of siblings (every pair after the reranker template shares one
-parent). A sequence writes its complete blocks that are not cached (including the block it read
-partially: its own version differs from the cached one past the shared tokens) and its tail, the
-t < block tokens after its last complete block, as a *tail block*: a leaf holding t rows in a
-whole slot, keyed by its t tokens (so no full-width look-up ever finds it) and found only by the
-partial look-up. A tail is not written when a committed block already starts with those tokens.
-Tails let short inputs share a prefix that ends mid-block: a 20-token instruction followed by
-each query's own words is read to its 20th token by the next query, not the 16th.
+block reads those k rows too (a partial match); `Siblings` (siblings.py) keeps each parent's
+committed children sorted by token bytes, so the longest such k is one bisection whatever the
+number of siblings (every pair after the reranker template shares one parent). A sequence writes
+its complete blocks that are not cached (including the block it read partially: its own version
+differs from the cached one past the shared tokens) and its tail, the t < block tokens after its
+last complete block, as a *tail block*: a leaf holding t rows in a whole slot, keyed by its t
+tokens (so no full-width look-up ever finds it) and found only by the partial look-up. A tail is
+not written when a committed block already starts with those tokens. Tails let short inputs share
+a prefix that ends mid-block: a 20-token instruction followed by each query's own words is read
+to its 20th token by the next query, not the 16th.
+
+Cost: `plan` walks each sequence's blocks once, and a sequence reuses the blocks its predecessor in
+the batch looked up or chose to write for the leading blocks they share (found by one vectorised
+comparison of the packed ids), so a batch sharing a long instruction pays its look-ups once. A
+lease pins each block it reads once, whatever the number of its sequences through that block.
+Eviction pops the least recently used evictable leaf from `EvictionOrder` (eviction.py) without
+scanning pinned or inner blocks. `commit` is one dict insert and one sorted-list insert per block.
 
 Invariants:
 - Chains are prefix-closed: a committed block's parent is committed. Eviction takes unpinned
-  leaves only, least recently used first, and touches run child-first (parents more recent).
+  leaves only, least recently used first; a block's last use is never later than its parent's.
 - Look-ups see committed blocks only. A batch pins (refcount) every block it reads, and its own
-  new blocks stay private (pending) until `commit`, after its forward succeeded; `abort` (a failed
-  or dropped batch) unpins and frees them, so rows never become reachable half written.
-- The index is locked: the prep thread plans batch N+1 while the worker commits batch N.
+  new blocks stay private (pending) until its lease is committed, after its forward succeeded;
+  `abort` (a failed or dropped batch) unpins and frees them, so rows never become reachable half
+  written. `commit_later` (the model worker, once the forward ran or is queued ahead of every later
+  reader on the device's stream) only queues the lease: the next `plan` (the prep thread), `stats`,
+  `commit` or `reset` publishes it, under the lock, before anything else.
+- The index is locked: the prep thread plans batch N+1 while the worker runs batch N.
 - Namespaces: a sequence planned with a namespace (bytes, e.g. a digest of a request's cache
   salt) starts its chain at that namespace's root instead of the shared root 0; a first block's
   key holds its root, and every deeper key its parent's id, so no look-up, full or partial, ever
@@ -41,21 +51,26 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from models.prefix_cache.eviction import EvictionOrder
+from models.prefix_cache.siblings import Siblings
 from models.prefix_cache.size import bytes_per_token
 
 BLOCK_TOKENS = 16
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Block:
     id: int
     parent: "_Block | None"
     tokens: bytes  # the block's token ids, int32: `block` of them, or fewer for a tail block
     depth: int  # block index from position 0
     slot: int  # pool rows slot*block .. slot*block + block - 1
-    refs: int = 0
-    children: int = 0
+    refs: int = 0  # leases pinning it
+    children: int = 0  # committed children
     root: int | bytes = 0  # a first block's parent key: 0, or its namespace (bytes, never an id)
+    used: int = 0  # tick of its last use (EvictionOrder)
+    live: bool = False  # committed: in the index
+    mark: int = 0  # the last plan that pinned it (a lease pins a block once)
 
     @property
     def key(self) -> tuple[int | bytes, bytes]:
@@ -71,15 +86,16 @@ class Lease:
     write_starts: np.ndarray  # [W] int64 original row of each written block's first token
     write_slots: np.ndarray  # [W] int64 pool slot of each written block
     write_lens: np.ndarray  # [W] int64 rows written of each block: block, or t for a tail block
-    pinned: list[_Block] = field(default_factory=list)
-    pending: list[_Block] = field(default_factory=list)
+    pinned: list[_Block] = field(default_factory=list)  # each block read, once
+    pending: list[_Block] = field(default_factory=list)  # parents before children
     hits: int = 0  # tokens read from the cache, set by layout.plan_batch
     misses: int = 0
-    done: bool = False
+    done: bool = False  # committed or aborted
+    queued: bool = False  # handed to `commit_later`: only a commit settles it now
 
 
 class PrefixCache:
-    """The pool and its block index; `plan` on the prep thread, `commit`/`abort` after the run."""
+    """The pool and its block index; `plan` on the prep thread, the lease settled after the run."""
 
     def __init__(self, *, layers: int, kv_heads: int, head_dim: int, capacity: int,
                  dtype: torch.dtype, device: torch.device | str, block: int = BLOCK_TOKENS):
@@ -93,12 +109,13 @@ class PrefixCache:
         self.k = torch.zeros(layers, rows, kv_heads, head_dim, dtype=dtype, device=device)
         self.v = torch.zeros(layers, rows, kv_heads, head_dim, dtype=dtype, device=device)
         self._index: dict[tuple[int | bytes, bytes], _Block] = {}
-        # (parent id, first k tokens) for k in 1..block-1 -> committed blocks starting so, oldest first
-        self._prefixes: dict[tuple[int | bytes, bytes], dict[int, _Block]] = {}
-        self._lru: collections.OrderedDict[int, _Block] = collections.OrderedDict()  # oldest first
+        self._siblings = Siblings()  # committed children's tokens per parent key: partial look-ups
+        self._order = EvictionOrder()  # evictable leaves, least recently used first
         self._free = list(range(self.n_slots - 1, -1, -1))
         self._ids = itertools.count(1)  # 0 is the root
         self._lock = threading.RLock()
+        # leases whose forward ran, waiting to be published (appended without the lock)
+        self._queued: collections.deque[Lease] = collections.deque()
         self.hits = self.misses = self.evictions = 0
 
     @property
@@ -112,6 +129,7 @@ class PrefixCache:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
+            self._publish_queued()
             return {"hit_tokens": self.hits, "miss_tokens": self.misses,
                     "evictions": self.evictions, "bytes": self.bytes_in_use,
                     "capacity_bytes": self.capacity_bytes, "blocks": len(self._index)}
@@ -124,173 +142,202 @@ class PrefixCache:
         """
         ids = np.ascontiguousarray(np.asarray(input_ids), dtype=np.int32)
         cu = np.asarray(cu_seqlens, dtype=np.int64)
-        blk = self.block
-        matched = np.zeros(len(cu) - 1, dtype=np.int64)
-        reads: list[np.ndarray] = []
+        blk, width = self.block, 4 * self.block
+        n_seq = len(cu) - 1
+        bounds = cu.tolist()
+        raw = ids.tobytes()  # the batch's tokens: row r is raw[4r:4r+4]
+        shared = _shared_with_previous(ids, cu, namespaces)  # [B] leading tokens equal to seq s-1's
+        matched = [0] * n_seq
+        run_rows: list[int] = []  # first pool row of each read run (a chain block, or a partial one)
+        partial_runs: list[int] = []  # which runs are partial, and their lengths
+        partial_lens: list[int] = []
         starts: list[int] = []  # original row of each pending block's first token, in lease.pending order
         empty = np.zeros(0, np.int64)
-        lease = Lease(matched, empty, empty, empty, empty)
+        lease = Lease(empty, empty, empty, empty, empty)
+        pinned = lease.pinned
         pending: dict[tuple[int | bytes, bytes], _Block] = {}
-        offsets = np.arange(blk, dtype=np.int64)
+        index, siblings = self._index, self._siblings
+        prev_nodes: list[_Block] = []  # the previous sequence's full blocks: committed chain, then pending
+        prev_rows: list[int] = []  # first pool row of each block of its committed chain
+        prev_found = 0
         with self._lock:
-            for s in range(len(cu) - 1):
-                a = int(cu[s])
-                n_full = (int(cu[s + 1]) - a) // blk
-                raw = ids[a:a + n_full * blk].tobytes()
-                width = 4 * blk
+            self._publish_queued()
+            tick = self._order.next_tick()  # also this plan's pin mark
+            for s in range(n_seq):
+                a, e = bounds[s], bounds[s + 1]
+                n_full = (e - a) // blk
                 root: int | bytes = (namespaces[s] or 0) if namespaces is not None else 0
-                parent: _Block | None = None
-                chain: list[_Block] = []
-                j = 0
-                while j < n_full:
-                    found = self._index.get((parent.id if parent else root, raw[j * width:(j + 1) * width]))
-                    if found is None:
-                        break
-                    chain.append(found)
-                    parent, j = found, j + 1
+                reuse = min(shared[s] // blk, n_full, len(prev_nodes))  # blocks equal to seq s-1's
+                if reuse > prev_found:
+                    # past its committed chain seq s-1 missed at the same key: no look-up to redo
+                    j, nodes, rows = prev_found, prev_nodes[:reuse], prev_rows
+                else:
+                    j, nodes, rows = reuse, prev_nodes[:reuse], prev_rows[:reuse]
+                    pk = nodes[-1].id if nodes else root
+                    while j < n_full:
+                        found = index.get((pk, raw[4 * a + j * width:4 * a + (j + 1) * width]))
+                        if found is None:
+                            break
+                        if found.mark != tick:
+                            found.mark, found.used = tick, tick
+                            found.refs += 1
+                            pinned.append(found)
+                        nodes.append(found)
+                        rows.append(found.slot * blk)
+                        pk, j = found.id, j + 1
+                parent = nodes[j - 1] if j else None
+                pk = parent.id if parent is not None else root
+                run_rows.extend(rows)
                 # the last token is always computed, so a partial match needs at most n-1 tokens
-                k_max = min(blk - 1, int(cu[s + 1]) - 1 - (a + j * blk))
-                part, k = self._partial(parent, ids[a + j * blk:a + j * blk + max(k_max, 0)], root)
-                pins = chain + [part] if part is not None else chain
-                for b in pins:
-                    b.refs += 1
-                lease.pinned.extend(pins)
-                self._touch(pins)
+                k_max = min(blk - 1, e - 1 - (a + j * blk))
+                k = 0
+                if k_max > 0:
+                    at = 4 * (a + j * blk)
+                    tokens, k = siblings.longest(pk, raw[at:at + 4 * k_max])
+                    if tokens is not None:
+                        part = index[(pk, tokens)]
+                        if part.mark != tick:
+                            part.mark, part.used = tick, tick
+                            part.refs += 1
+                            pinned.append(part)
+                        partial_runs.append(len(run_rows))
+                        partial_lens.append(k)
+                        run_rows.append(part.slot * blk)
                 matched[s] = j * blk + k
-                if chain:
-                    reads.append((np.array([b.slot for b in chain], np.int64)[:, None] * blk
-                                  + offsets).ravel())
-                if part is not None:
-                    reads.append(part.slot * blk + offsets[:k])
                 chained = True  # every complete block is cached or written (a tail may follow)
+                known = len(nodes)
                 for jj in range(j, n_full):
-                    key = (parent.id if parent else root, raw[jj * width:(jj + 1) * width])
+                    if jj < known:  # seq s-1's pending block: the same tokens under the same parent
+                        parent = nodes[jj]
+                        continue
+                    key = (parent.id if parent is not None else root, raw[4 * a + jj * width:4 * a + (jj + 1) * width])
                     mine = pending.get(key)
                     if mine is None:
-                        mine = self._new(parent, key[1], jj, a + jj * blk, pending, lease, starts, root)
+                        mine = self._new(parent, key[1], jj, a + jj * blk, lease, starts, root)
                         if mine is None:
                             chained = False  # pool full of pinned or inner blocks: write nothing deeper
                             break
+                        pending[key] = mine
+                    nodes.append(mine)
                     parent = mine
-                tail = int(cu[s + 1]) - (a + n_full * blk)
+                tail = e - (a + n_full * blk)
                 if chained and tail:
-                    key = (parent.id if parent else root, ids[a + n_full * blk:int(cu[s + 1])].tobytes())
-                    if key not in self._prefixes and key not in pending:  # not cached, not being written
-                        self._new(parent, key[1], n_full, a + n_full * blk, pending, lease, starts, root)
-        if reads:
-            lease.read_rows = np.concatenate(reads)
+                    pk = parent.id if parent is not None else root
+                    key = (pk, raw[4 * (e - tail):4 * e])
+                    # not cached (no committed block starts with it), not being written
+                    if key not in pending and not siblings.starts_with(pk, key[1]):
+                        mine = self._new(parent, key[1], n_full, e - tail, lease, starts, root)
+                        if mine is not None:
+                            pending[key] = mine
+                prev_nodes, prev_rows, prev_found = nodes, rows, j
+        lease.matched = np.asarray(matched, dtype=np.int64)
+        if run_rows:
+            lens = np.full(len(run_rows), blk, dtype=np.int64)
+            lens[partial_runs] = partial_lens
+            within = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
+            lease.read_rows = np.repeat(np.asarray(run_rows, dtype=np.int64), lens) + within
         lease.write_starts = np.asarray(starts, dtype=np.int64)
         lease.write_slots = np.asarray([b.slot for b in lease.pending], dtype=np.int64)
-        lease.write_lens = np.asarray([len(b.tokens) // 4 for b in lease.pending], dtype=np.int64)
+        lease.write_lens = np.asarray([len(b.tokens) >> 2 for b in lease.pending], dtype=np.int64)
         return lease
 
-    def _new(self, parent, tokens: bytes, depth: int, start: int, pending: dict,
-             lease: Lease, starts: list, root: int | bytes = 0) -> _Block | None:
+    def _new(self, parent, tokens: bytes, depth: int, start: int, lease: Lease, starts: list,
+             root: int | bytes = 0) -> _Block | None:
         """A pending block of this lease (its tokens' rows from original row `start`); None if no slot."""
-        slot = self._allocate()
+        slot = self._free.pop() if self._free else self._evict()
         if slot is None:
             return None
         b = _Block(next(self._ids), parent, tokens, depth, slot, root=root if parent is None else 0)
-        pending[b.key] = b
         lease.pending.append(b)
         starts.append(start)
         return b
 
-    def _partial(self, parent: _Block | None, tail: np.ndarray,
-                 root: int | bytes = 0) -> tuple[_Block | None, int]:
-        """The committed child of `parent` (or first block of namespace `root`) sharing the longest
-        run of leading tokens with `tail` (len(tail) < block), and that length; (None, 0) when none
-        shares the first token."""
-        pid, raw = (parent.id if parent else root), tail.tobytes()
-        lo, hi = 0, len(tail)  # a child starts with tail[:lo]; none starts with tail[:hi+1]
-        while lo < hi:  # prefixes present are closed under shortening: binary search
-            mid = (lo + hi + 1) // 2
-            if (pid, raw[:4 * mid]) in self._prefixes:
-                lo = mid
-            else:
-                hi = mid - 1
-        if lo == 0:
-            return None, 0
-        holders = self._prefixes[(pid, raw[:4 * lo])]
-        return next(reversed(holders.values())), lo  # the newest: any holder has equal rows
-
-    def _publish(self, b: _Block) -> None:
-        self._index[b.key] = b
-        self._lru[b.id] = b
-        pid = b.key[0]
-        for k in self._prefix_lengths(b):
-            self._prefixes.setdefault((pid, b.tokens[:4 * k]), {})[b.id] = b
-        if b.parent is not None:
-            b.parent.children += 1
-
-    def _prefix_lengths(self, b: _Block) -> range:
-        """Leading-token counts the partial index holds `b` under: 1..block-1, or 1..t for a tail."""
-        return range(1, min(self.block - 1, len(b.tokens) // 4) + 1)
-
-    def _allocate(self) -> int | None:
-        if self._free:
-            return self._free.pop()
-        for victim in self._lru.values():  # oldest first; parents are never older than children
-            if victim.refs == 0 and victim.children == 0:
-                self._drop(victim)
-                self.evictions += 1
-                return self._free.pop()
-        return None
+    def _evict(self) -> int | None:
+        """The slot of the least recently used evictable leaf, dropped; None when every block is
+        pinned, pending or inner."""
+        victim = self._order.pop()
+        if victim is None:
+            return None
+        self._drop(victim)
+        self.evictions += 1
+        return victim.slot
 
     def _drop(self, b: _Block) -> None:
-        del self._index[b.key]
-        del self._lru[b.id]
-        pid = b.key[0]
-        for k in self._prefix_lengths(b):
-            key = (pid, b.tokens[:4 * k])
-            holders = self._prefixes[key]
-            del holders[b.id]
-            if not holders:
-                del self._prefixes[key]
+        pk = b.parent.id if b.parent is not None else b.root
+        del self._index[(pk, b.tokens)]
+        self._siblings.remove(pk, b.tokens)
+        b.live = False
         if b.parent is not None:
             b.parent.children -= 1
-        self._free.append(b.slot)
+            self._order.offer(b.parent)  # its last child gone: a leaf again
 
-    def _touch(self, blocks: list[_Block]) -> None:
-        """Most recent use: deepest first, so every parent ends up more recent than its children."""
-        for b in sorted(blocks, key=lambda x: -x.depth):
-            if b.id in self._lru:
-                self._lru.move_to_end(b.id)
+    # -- settling -------------------------------------------------------------------------------
+    def commit_later(self, lease: Lease) -> None:
+        """The batch ran (or, on one device stream, is queued ahead of every later reader): its
+        lease is published by the next `plan`, `stats`, `commit` or `reset`. O(1), no lock: the
+        model worker calls it."""
+        lease.queued = True
+        self._queued.append(lease)
 
-    # -- settling (worker thread) ---------------------------------------------------------------
     def commit(self, lease: Lease) -> None:
         """The batch ran: publish its blocks (a block another batch published meanwhile wins)."""
         with self._lock:
-            if lease.done:
-                return
-            lease.done = True
-            same: dict[int, _Block] = {}  # pending id -> the committed block it duplicates
-            touched = list(lease.pinned)
-            for b in lease.pending:  # parents before children
-                if b.parent is not None:
-                    b.parent = same.get(b.parent.id, b.parent)
-                existing = self._index.get(b.key)
-                if existing is not None:
-                    same[b.id] = existing
-                    self._free.append(b.slot)
-                    touched.append(existing)
-                    continue
-                self._publish(b)
-                touched.append(b)
-            self._touch(touched)
-            for b in lease.pinned:
-                b.refs -= 1
-            self.hits += lease.hits
-            self.misses += lease.misses
+            self._publish_queued()
+            self._commit(lease)
+
+    def _publish_queued(self) -> None:
+        queued = self._queued
+        while queued:
+            self._commit(queued.popleft())
+
+    def _commit(self, lease: Lease) -> None:
+        if lease.done:
+            return
+        lease.done = True
+        tick = self._order.next_tick()
+        index, siblings, offer, free = self._index, self._siblings, self._order.offer, self._free
+        same: dict[int, _Block] = {}  # pending id -> the committed block it duplicates
+        fresh: list[_Block] = []
+        for b in lease.pending:  # parents before children
+            p = b.parent
+            if same and p is not None and p.id in same:
+                p = b.parent = same[p.id]
+            pk = p.id if p is not None else b.root
+            existing = index.get((pk, b.tokens))
+            if existing is not None:
+                same[b.id] = existing
+                free.append(b.slot)
+                existing.used = tick
+                offer(existing)
+                continue
+            index[(pk, b.tokens)] = b
+            siblings.add(pk, b.tokens)
+            b.live, b.used = True, tick
+            if p is not None:
+                p.children += 1
+            fresh.append(b)
+        for b in fresh:
+            if not b.children:
+                offer(b)
+        for b in lease.pinned:
+            b.refs -= 1
+            b.used = tick
+            if not b.refs:
+                offer(b)
+        self._order.trim(len(index))
+        self.hits += lease.hits
+        self.misses += lease.misses
 
     def abort(self, lease: Lease) -> None:
         """The batch failed or was dropped: unpin, and free the rows it may have half written."""
         with self._lock:
-            if lease.done:
+            if lease.done or lease.queued:
                 return
             lease.done = True
             for b in lease.pinned:
                 b.refs -= 1
+                if not b.refs:
+                    self._order.offer(b)
             self._free.extend(b.slot for b in lease.pending)
 
     def reset(self) -> None:
@@ -299,10 +346,31 @@ class PrefixCache:
         Only with no lease open: every slot is then free or held by a committed block.
         """
         with self._lock:
+            self._publish_queued()
             if len(self._free) + len(self._index) != self.n_slots or any(b.refs for b in self._index.values()):
                 raise RuntimeError("the prefix cache cannot be reset while a batch holds a lease on it")
             self._index.clear()
-            self._prefixes.clear()
-            self._lru.clear()
+            self._siblings.clear()
+            self._order.clear()
             self._free = list(range(self.n_slots - 1, -1, -1))
             self.hits = self.misses = self.evictions = 0
+
+
+def _shared_with_previous(ids: np.ndarray, cu: np.ndarray, namespaces) -> list[int]:
+    """[B] leading tokens each sequence shares with the one before it in the batch (0 for the
+    first, and across namespaces): one vectorised comparison of the packed ids."""
+    n_seq = len(cu) - 1
+    if n_seq < 2:
+        return [0] * n_seq
+    lens = np.diff(cu)
+    m = np.minimum(lens[1:], lens[:-1])  # [B-1] tokens compared, >= 1 each
+    seg = np.cumsum(m) - m  # [B-1] first compared position of each pair
+    within = np.arange(int(m.sum()), dtype=np.int64) - np.repeat(seg, m)  # [sum m]
+    differs = ids[np.repeat(cu[1:-1], m) + within] != ids[np.repeat(cu[:-2], m) + within]
+    first = np.where(differs, within, np.repeat(m, m))  # a pair's first differing position, or m
+    out = [0] + np.minimum.reduceat(first, seg).tolist()
+    if namespaces is not None:
+        for s in range(1, n_seq):
+            if namespaces[s] != namespaces[s - 1]:
+                out[s] = 0
+    return out

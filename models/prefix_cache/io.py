@@ -2,8 +2,10 @@
 
 Invariant: every index here was computed on the host before the forward (models/prefix_cache/
 layout.py); a layer only gathers, concatenates and copies. Rows are written before the batch's
-lease is committed, and a lease is committed only after the whole forward succeeded, so no other
-batch can read a row this one has not finished writing.
+lease is committed, and a lease is committed only after the whole forward succeeded (on a CPU:
+it returned; on CUDA: it is queued on the stream every later batch runs on), so no other batch can
+read a row this one has not finished writing. `commit` only queues the lease (O(1), the model
+worker's thread); the prep thread publishes it before its next look-up (`PrefixCache.plan`).
 """
 from __future__ import annotations
 
@@ -46,7 +48,8 @@ class CacheIO:
         return k, v
 
     def commit(self) -> None:
-        self.cache.commit(self.lease)
+        """The forward succeeded: its blocks become readable from the next plan on."""
+        self.cache.commit_later(self.lease)
 
     def abort(self) -> None:
         self.cache.abort(self.lease)
