@@ -55,6 +55,13 @@ def run(kind: str, a: dict) -> dict:
     work.mkdir(exist_ok=True)
     if kind == "fixture":
         return fixture(s, a)
+    if kind == "sleep":  # only waits, in a grandchild too: rehearses a step stopped at its limit
+        import subprocess
+
+        child = subprocess.Popen(["sleep", str(a["seconds"])])
+        (logs / "sleep.pid").write_text(str(child.pid))
+        child.wait()
+        return {"slept": a["seconds"]}
     if kind in ("arm", "ceiling", "floor", "host"):
         from benchmarks.gpu_campaign import e2e
 
