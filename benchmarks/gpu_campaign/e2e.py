@@ -70,7 +70,7 @@ def arm(s: plan.Sizes, model_dir: Path, *, arm: str, duration: float, logs: Path
 
 def ceiling(s: plan.Sizes, *, role: str, duration: float, work: Path, workers: int) -> dict:
     """The load client against a responder that does no work: the fastest rate it can measure."""
-    reqs = request_list(s, s.duration if role != "big" else s.big_duration, work)
+    reqs = request_list(s, plan.duration(s, role), work)
     res = responder.measure_ceiling(reqs, run_config(s, reqs, duration), dims=s.dims[role], workers=workers)
     return _summary(res, "client ceiling")
 

@@ -36,8 +36,9 @@ class Sizes:
     big: str  # the 8B role
     layers: int | None  # None: the preset's own depth
     queries_per_s: float  # distinct queries the fastest arm may consume per second (9-10 items each)
-    duration: float  # seconds of load per arm
-    big_duration: float
+    duration: float  # seconds of load per arm at 0.6B
+    mid_duration: float  # at 4B
+    big_duration: float  # at 8B
     warmup: int
     floor_requests: int  # requests of each latency-floor probe
     batch: int
@@ -55,16 +56,16 @@ class Sizes:
 
 GPU = Sizes(
     device="cuda", dtype="bfloat16", small="qwen3-0.6b", mid="qwen3-4b", big="qwen3-8b", layers=None,
-    queries_per_s=400.0, duration=40.0, big_duration=30.0, warmup=4, floor_requests=60,
+    queries_per_s=400.0, duration=40.0, mid_duration=30.0, big_duration=25.0, warmup=4, floor_requests=60,
     batch=32, prefixes=(0, 512, 2048), suffix=256, repeats=3, mem_tokens=(16384, 65536), margin=40.0,
     dims={"small": 1024, "mid": 2560, "big": 4096},
     need={"fixture:small": 60, "fixture:mid": 150, "fixture:big": 240, "fixture:reranker": 120,
-          "arm:small": 85, "arm:mid": 110, "arm:big": 130, "ceiling": 25, "floor": 90, "host": 40,
+          "arm:small": 85, "arm:mid": 95, "arm:big": 110, "ceiling": 25, "floor": 90, "host": 40,
           "forward:big": 150, "forward:dtypes": 120, "gpu_check": 300, "exactness": 90, "cache": 60},
 )
 CPU = Sizes(
     device="cpu", dtype="float32", small="tiny-embedding", mid="tiny-embedding", big="tiny-embedding",
-    layers=None, queries_per_s=40.0, duration=1.5, big_duration=1.0, warmup=1, floor_requests=3,
+    layers=None, queries_per_s=40.0, duration=1.5, mid_duration=1.5, big_duration=1.0, warmup=1, floor_requests=3,
     batch=4, prefixes=(0, 16), suffix=8, repeats=1, mem_tokens=(256, 512), margin=2.0,
     dims={"small": 64, "mid": 64, "big": 64},
     need={"fixture:small": 5, "fixture:mid": 5, "fixture:big": 5, "fixture:reranker": 5,
@@ -96,6 +97,15 @@ class Step:
     args: dict = field(default_factory=dict)
 
 
+# The order arms run in where time may run out: radix alone (off, compact) first, then the
+# cache, then paper (its forward-level figure is already measured).
+RUN_ORDER = ("off", "compact", "compact+cache", "paper")
+
+
+def duration(s: Sizes, role: str) -> float:
+    return {"small": s.duration, "mid": s.mid_duration, "big": s.big_duration}[role]
+
+
 def steps(phase: str, s: Sizes) -> list[Step]:
     """The steps of one phase, in order; the runner skips those that no longer fit."""
     fx = lambda role, kind="embedding": Step(f"fixture-{role}" + ("-rerank" if kind != "embedding" else ""),  # noqa: E731
@@ -104,22 +114,23 @@ def steps(phase: str, s: Sizes) -> list[Step]:
     arms = lambda role, names, duration: [  # noqa: E731
         Step(f"arm-{role}-{a}", "arm", f"arm:{role}", {"role": role, "arm": a, "duration": duration}) for a in names]
     if phase == "e2e06":
-        return [fx("small"), *arms("small", list(ARMS), s.duration),
+        return [fx("small"), *arms("small", list(RUN_ORDER), s.duration),
                 Step("ceiling-small", "ceiling", "ceiling", {"role": "small", "duration": min(10.0, s.duration)}),
                 Step("floor-embed", "floor", "floor", {"role": "small", "kind": "embedding"}),
+                Step("host-small", "host", "host", {"role": "small"}),
                 fx("small", "reranker"),
-                Step("floor-rerank", "floor", "floor", {"role": "small", "kind": "reranker"}),
-                Step("host-small", "host", "host", {"role": "small"})]
+                Step("floor-rerank", "floor", "floor", {"role": "small", "kind": "reranker"})]
     if phase == "big8b":
         return [fx("big"), Step("forward-big", "forward", "forward:big", {"role": "big"}),
                 *arms("big", ["off", "compact"], s.big_duration),
                 Step("ceiling-big", "ceiling", "ceiling", {"role": "big", "duration": min(10.0, s.big_duration)})]
     if phase == "e2e4b":
-        return [fx("mid"), *arms("mid", list(ARMS), s.duration),
-                Step("ceiling-mid", "ceiling", "ceiling", {"role": "mid", "duration": min(10.0, s.duration)}),
+        return [fx("mid"), *arms("mid", list(RUN_ORDER), s.mid_duration),
+                Step("ceiling-mid", "ceiling", "ceiling", {"role": "mid", "duration": min(10.0, s.mid_duration)}),
                 fx("small"), Step("dtypes", "dtypes", "forward:dtypes", {"roles": ["small", "mid"]})]
     if phase == "check":
-        return [Step("gpu_check", "gpu_check", "gpu_check"), fx("small"),
-                Step("exactness", "exactness", "exactness", {"role": "small"}),
-                Step("cache-speed", "cache", "cache", {"role": "small"})]
+        # the new measurements first; gpu_check (run before, on the first lent GPU) takes what is left
+        return [fx("small"), Step("exactness", "exactness", "exactness", {"role": "small"}),
+                Step("cache-speed", "cache", "cache", {"role": "small"}),
+                Step("gpu_check", "gpu_check", "gpu_check")]
     raise ValueError(f"unknown phase {phase!r}; choose one of {', '.join(PHASES)}")
