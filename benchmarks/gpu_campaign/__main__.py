@@ -35,7 +35,9 @@ def parse_args(argv):
     p.add_argument("--device", default=None, help="cuda (default where available) or cpu: the rehearsal, "
                                                      "tiny fixtures, seconds")
     p.add_argument("--deadline", type=float, default=DEFAULT_DEADLINE_S, help="seconds the phase may take")
-    p.add_argument("--wheels", default=str(ROOT / ".whl"), help="folder of carried wheels (wheels.txt)")
+    p.add_argument("--wheels", default=None,
+                   help="folder of carried wheels (wheels.txt) to install first; default: .whl in the "
+                        "repository on a GPU, none with --device cpu (the wheels are for the device's Python)")
     p.add_argument("--fixtures", default=None,
                    help="fixture root (default $RADIXSERVE_FIXTURE_DIR, else /tmp/radixserve-fixtures)")
     p.add_argument("--skip", default="", metavar="KIND,...",
@@ -66,12 +68,13 @@ def main(argv=None) -> int:
     out = Path(a.out)
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    device = a.device or _default_device()
+    folder = a.wheels if a.wheels is not None else ("" if device == "cpu" else str(ROOT / ".whl"))
     try:
-        wheels = prelude.install_wheels(Path(a.wheels) if a.wheels else None)
+        wheels = prelude.install_wheels(Path(folder) if folder else None)
         prelude.check_imports()
     except prelude.PreludeError as e:
         return _stop(out, a.phase, 3 if "pip" in str(e) else 4, e)
-    device = a.device or _default_device()
     if a.fixtures or "RADIXSERVE_FIXTURE_DIR" not in os.environ:
         os.environ["RADIXSERVE_FIXTURE_DIR"] = str(Path(a.fixtures or "/tmp/radixserve-fixtures").resolve())
     env = prelude.describe(device) | {"wheels": wheels}

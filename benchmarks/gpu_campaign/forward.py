@@ -43,7 +43,7 @@ def peak_memory(runner, s: plan.Sizes, tokens: int) -> dict:
     prefix = max(0, tokens // b - suffix)
     ids, cu = synthetic_batch(b, prefix, suffix, vocab=runner.config.vocab_size, seed=0)
     index = build_index(ids, positions_from_cu_seqlens(cu), cu)
-    out = {"tokens": int(cu[-1]), "prefix": prefix}
+    out: dict[str, int | None] = {"tokens": int(cu[-1]), "prefix": prefix}
     for mode in MODES:
         fb = build_forward_batch(ids, cu, None if mode == "off" else index, mode=mode, device=runner.device,
                                  mean_pooling=False)
