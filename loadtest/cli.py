@@ -107,6 +107,9 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
                    help="embed-chunks: words per chunk (default {},{})".format(*documents.CHUNK_WORDS))
     g.add_argument("--instruction", default=workloads.DEFAULT_INSTRUCTION)
     g.add_argument("--model", default=None, help="'model' field of /v1/embeddings bodies")
+    g.add_argument("--encoding-format", choices=workloads.ENCODINGS, default="float",
+                   help="/v1/embeddings answers as float JSON or base64 (a quarter of the bytes: keeps the "
+                        "client from being the bottleneck against a fast server)")
     g.add_argument("--concurrency", type=_positive_int, default=8, help="requests in flight")
     g.add_argument("--requests", type=_positive_int, default=None,
                    help="requests to send (default: one pass over the data when --duration is unset)")
@@ -181,7 +184,8 @@ def _dataset(a) -> datasets.Dataset:
 def _load(a) -> tuple[datasets.Dataset, list[workloads.Request]]:
     ds = _dataset(a)
     reqs = workloads.build_requests(ds, a.workload, batch_size=a.batch_size, instruction=a.instruction,
-                                    model=a.model, order=a.order, seed=a.seed, chunking=_chunking(a))
+                                    model=a.model, order=a.order, seed=a.seed, chunking=_chunking(a),
+                                    encoding=a.encoding_format)
     n_items = sum(r.items for r in reqs)
     print(f"data: {ds.source}, {len(ds.samples)} queries, {len(reqs)} {a.workload} requests "
           f"({_order_label(a)}), {n_items} items", file=sys.stderr)

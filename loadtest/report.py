@@ -56,6 +56,8 @@ def summarize(result: RunResult, *, name: str, meta: dict | None = None) -> dict
         "errors": dict(sorted(result.errors.items())),
         "error_count": sum(result.errors.values()),
         "wall_s": wall,
+        # the load client's CPU seconds per wall second (1.0 = one core busy): near 1, the client set the pace
+        "client_cpu_share": result.client_cpu_s / wall if wall > 0 else None,
         "latency_ms": {
             "p50": ms(percentile(lat, 50)),
             "p90": ms(percentile(lat, 90)),
@@ -133,6 +135,10 @@ def markdown(summaries: list[dict], *, title: str = "radixserve load test") -> s
                 f"| {sp['name']} | {_f(sp['throughput'], '{:.2f}x')} | {_f(sp['p50'], '{:.2f}x')} | "
                 f"{_f(sp['p99'], '{:.2f}x')} |"
             )
+    shares = [(s["name"], s.get("client_cpu_share")) for s in summaries if s.get("client_cpu_share") is not None]
+    if shares:
+        lines += ["", "Load client CPU (share of one core over the run; near 1 the client set the pace): "
+                  + ", ".join(f"{n} {v:.2f}" for n, v in shares) + "."]
     if first.get("alternate"):
         lines += ["", "Targets took turns request by request (all up at once, concurrency 1); req/s is each "
                       "target's answered requests over its own requests' summed time."]

