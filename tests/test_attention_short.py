@@ -15,7 +15,7 @@ import torch
 
 import models.attention as attention
 from models.attention import bottom_right_mask, make_meta, sdpa_varlen
-from tests.test_model_forward import TOL, Oracle, _ours
+from tests.test_model_forward import TOL, _ours, embedding  # noqa: F401 - embedding: a fixture
 
 
 def _shapes(seed: int) -> tuple[list[int], list[int]]:
@@ -88,17 +88,6 @@ def test_wide_heads_keep_their_own_calls(monkeypatch):
     with torch.inference_mode():
         sdpa_varlen(q, k, v, make_meta(cq, ck, "cpu"), scale=0.1)
     assert not calls
-
-
-@pytest.fixture(scope="module")
-def embedding(tiny_embedding_dir):
-    from transformers import AutoModel
-
-    from models.runner import load_runner
-
-    runner = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32")
-    hf = AutoModel.from_pretrained(str(tiny_embedding_dir), dtype=torch.float32).eval()
-    return runner, Oracle(hf, causal_lm=False)
 
 
 @pytest.mark.parametrize("mode", ["off", "compact"])
