@@ -336,14 +336,15 @@ def short_plan(runs: tuple[Run, ...], cu_q, cu_k) -> ShortPlan:
             groups.append([s])
     taken = np.zeros(len(lq), bool)
     buckets = []
-    for g in (np.sort(np.asarray(g, np.int64)) for g in groups if len(g) >= SHORT_MIN):
-        taken[g] = True
-        b, length, pre = len(g), int(lq[g].max()), int(lk[g[0]] - lq[g[0]])
-        i = np.arange(length)[None, :]  # [1, L]
-        q_ok = i < lq[g, None]  # [b, L]
-        q_index = np.where(q_ok, cq[g, None] + i, 0)
-        j = np.arange(pre + length)[None, :]  # [1, P+L]
-        k_index = np.where(j < lk[g, None], ck[g, None] + j, 0)
+    for members in (np.sort(np.asarray(g, np.int64)) for g in groups if len(g) >= SHORT_MIN):
+        taken[members] = True
+        b, length = len(members), int(lq[members].max())
+        pre = int(lk[members[0]] - lq[members[0]])
+        at = np.arange(length)[None, :]  # [1, L]
+        q_ok = at < lq[members, None]  # [b, L]
+        q_index = np.where(q_ok, cq[members, None] + at, 0)
+        key_at = np.arange(pre + length)[None, :]  # [1, P+L]
+        k_index = np.where(key_at < lk[members, None], ck[members, None] + key_at, 0)
         out_index = np.flatnonzero(q_ok.reshape(-1))
         buckets.append(ShortBucket(torch.from_numpy(q_index.reshape(-1)), torch.from_numpy(k_index.reshape(-1)),
                                    torch.from_numpy(out_index), torch.from_numpy(q_index.reshape(-1)[out_index]),
