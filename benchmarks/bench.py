@@ -1,4 +1,4 @@
-"""Benchmark CLI: `python -m benchmarks.bench forward ...`, `... index ...` or `... gate ...`.
+"""Benchmark CLI: `python -m benchmarks.bench forward ...`, `... index ...`, `... gate ...` or `... host-ceiling ...`.
 
 Each subcommand's module is imported only when chosen (the index benchmark needs no model).
 """
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import sys
 
-USAGE = "usage: python -m benchmarks.bench {forward,index,gate} [options]  (--help after the subcommand)"
+USAGE = "usage: python -m benchmarks.bench {forward,index,gate,host-ceiling} [options]  (--help after the subcommand)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -27,6 +27,10 @@ def main(argv: list[str] | None = None) -> int:
         from benchmarks import bench_gate
 
         return bench_gate.main(rest) or 0
+    if command == "host-ceiling":
+        from benchmarks import host_ceiling
+
+        return host_ceiling.main(rest) or 0
     print(f"unknown benchmark {command!r}\n{USAGE}", file=sys.stderr)
     return 2
 

@@ -13,7 +13,8 @@ The two portable paths here run on any device:
   On the CPU an owner with lq < lk builds no [lq, lk] mask: its keys are split into the prefix
   (no mask) and its own block (causal), merged by log-sum-exp (``split_prefix``), and a causal
   run (lq == lk) is the same flash call as a tree's own block: K/V heads are not repeated per
-  query head where the kernel broadcasts them (models/attention_lse.py).
+  query head where the kernel broadcasts them (models/attention_lse.py). With narrow heads, many
+  short sequences of different shapes share batched calls by prefix length (``short_plan``).
 - ``sdpa_padded``: sequences padded into a few [b, H, Lq, Lk] batches with bool masks built once
   per batch on the host (``AttnMeta.padded``): one SDPA call per layer in the common case.
 """
@@ -53,6 +54,12 @@ class AttnMeta:
         """
         return padded_plan(self.host_cu_seqlens_q, self.host_cu_seqlens_k,
                            self.cu_seqlens_q.device)
+
+    @cached_property
+    def short(self) -> "ShortPlan":
+        """``sdpa_varlen``'s CPU split: which runs keep their own calls and which short
+        sequences share batched calls (``short_plan``); built on first use, once per batch."""
+        return short_plan(self.runs, self.host_cu_seqlens_q, self.host_cu_seqlens_k)
 
 
 AttnFn = Callable[..., Tensor]
@@ -94,41 +101,53 @@ def sdpa_varlen(q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float
 
     Consecutive sequences with the same (lq, lk) are views of the packed tensors, so a run is a
     batched [g, H, L, D] call without copies (a prefix-sharing batch is one or two runs). Uses
-    host boundaries only: no device sync.
+    host boundaries only: no device sync. On the CPU, with narrow heads, the short sequences of
+    runs too small to pay for their own calls (a compact batch's short owners, each of its own
+    shape) share batched calls by prefix length instead, exactly (``short_plan``).
     """
-    heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
-    group = heads // kv_heads
+    heads, dim = q.shape[1], q.shape[2]
     # NOTE: on the CPU a compact owner (lq < lk) never gets a dense [lq, lk] mask: its keys are
     # split at lk - lq (see split_prefix). Autograd, and other devices, take the masked call.
     split = q.device.type == "cpu" and not needs_grad(q, k, v)
-    outs = []
-    for q0, k0, count, lq, lk in meta.runs:
-        if lq == 0:
-            continue
-        qs = q[q0:q0 + count * lq].view(count, lq, heads, dim).transpose(1, 2)  # [g, H, lq, D]
-        ks = k[k0:k0 + count * lk].view(count, lk, kv_heads, dim).transpose(1, 2)  # [g, Hkv, lk, D]
-        vs = v[k0:k0 + count * lk].view(count, lk, kv_heads, dim).transpose(1, 2)
-        if lq < lk and split:  # prefix keys (no mask) + the diagonal block (causal), merged
-            outs.append(split_prefix(qs, ks, vs, lk - lq, scale=scale)
-                        .transpose(1, 2).reshape(count * lq, heads, dim))  # [g*lq, H, D]
-            continue
-        if split:  # lq == lk: the same causal kernel call, K/V heads as they are where it can
-            outs.append(block_lse(qs, ks, vs, causal=True, scale=scale)[0]
-                        .transpose(1, 2).reshape(count * lq, heads, dim))  # [g*lq, H, D]
-            continue
-        if group > 1:
-            # NOTE: enable_gqa drops CPU SDPA to its math path; repeating K/V keeps the fused one.
-            ks = ks.repeat_interleave(group, dim=1)  # [g, H, lk, D]
-            vs = vs.repeat_interleave(group, dim=1)
-        if lq == lk:
-            o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)
-        else:
-            mask = bottom_right_mask(lq, lk, q.device)
-            o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
-        outs.append(o.transpose(1, 2).reshape(count * lq, heads, dim))  # [g*lq, H, D]
-    if not outs:  # an empty batch
-        return q.new_empty((0, heads, dim))
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+    plan = meta.short if split and (heads + 2 * k.shape[1]) * dim <= SHORT_WIDTH else None
+    if plan is None or not plan.buckets:
+        outs = [o for run in meta.runs if (o := _run(q, k, v, run, split=split, scale=scale)) is not None]
+        if not outs:  # an empty batch
+            return q.new_empty((0, heads, dim))
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)
+    out = q.new_empty(q.shape)  # [Tq, H, D]: every row is written once below
+    for run in plan.runs:
+        o = _run(q, k, v, run, split=True, scale=scale)
+        if o is not None:
+            out[run[0]:run[0] + run[2] * run[3]] = o
+    _short_buckets(q, k, v, plan.buckets, out, scale=scale)
+    return out
+
+
+def _run(q: Tensor, k: Tensor, v: Tensor, run: "Run", *, split: bool, scale: float) -> Tensor | None:
+    """One run's attention, [count*lq, H, D] (None when its sequences have no queries)."""
+    q0, k0, count, lq, lk = run
+    if lq == 0:
+        return None
+    heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
+    group = heads // kv_heads
+    qs = q[q0:q0 + count * lq].view(count, lq, heads, dim).transpose(1, 2)  # [g, H, lq, D]
+    ks = k[k0:k0 + count * lk].view(count, lk, kv_heads, dim).transpose(1, 2)  # [g, Hkv, lk, D]
+    vs = v[k0:k0 + count * lk].view(count, lk, kv_heads, dim).transpose(1, 2)
+    if lq < lk and split:  # prefix keys (no mask) + the diagonal block (causal), merged
+        return split_prefix(qs, ks, vs, lk - lq, scale=scale).transpose(1, 2).reshape(count * lq, heads, dim)
+    if split:  # lq == lk: the same causal kernel call, K/V heads as they are where it can
+        return block_lse(qs, ks, vs, causal=True, scale=scale)[0].transpose(1, 2).reshape(count * lq, heads, dim)
+    if group > 1:
+        # NOTE: enable_gqa drops CPU SDPA to its math path; repeating K/V keeps the fused one.
+        ks = ks.repeat_interleave(group, dim=1)  # [g, H, lk, D]
+        vs = vs.repeat_interleave(group, dim=1)
+    if lq == lk:
+        o = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, scale=scale)
+    else:
+        mask = bottom_right_mask(lq, lk, q.device)
+        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale)
+    return o.transpose(1, 2).reshape(count * lq, heads, dim)  # [g*lq, H, D]
 
 
 def split_prefix(q: Tensor, k: Tensor, v: Tensor, prefix: int, *, scale: float) -> Tensor:
@@ -262,6 +281,101 @@ def sdpa_padded(q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float
             return o
         out = out.index_copy(0, bk.q_rows, o)
     return out if out is not None else q.new_empty((0, heads, dim))
+
+
+# The CPU's short sequences (``short_plan``): a run of fewer than SHORT_RUN sequences with at most
+# SHORT_Q queries and SHORT_K keys each joins a batched call with the others of its prefix
+# length, whose query rows pad at most SHORT_PAD x its real ones; a batch holds >= SHORT_MIN.
+# Only where a row's q, k and v hold at most SHORT_WIDTH numbers ((H + 2 Hkv) x D): the batched
+# call gathers its rows (copies), which cost more than the calls they save for wider heads, or
+# for longer sequences, whose calls are mostly arithmetic (measured per layer, one CPU thread).
+SHORT_RUN, SHORT_Q, SHORT_K, SHORT_PAD, SHORT_MIN, SHORT_WIDTH = 4, 32, 96, 1.5, 3, 1024
+
+
+@dataclass(frozen=True)
+class ShortBucket:
+    """Sequences of one prefix length P, each's own rows padded at the end to L rows."""
+    q_index: Tensor  # [b*L] int64 packed q row of each padded query slot (0 in padding)
+    k_index: Tensor  # [b*(P+L)] int64 packed k/v row of each key slot: P prefix keys, L own (0 in padding)
+    out_index: Tensor  # [rows] int64 padded slots that hold real queries
+    q_rows: Tensor  # [rows] int64 the packed q rows those slots answer
+    shape: tuple[int, int, int]  # (b, L, P)
+
+
+@dataclass(frozen=True)
+class ShortPlan:
+    runs: tuple[Run, ...]  # the runs that keep their own calls
+    buckets: tuple[ShortBucket, ...]
+
+
+def short_plan(runs: tuple[Run, ...], cu_q, cu_k) -> ShortPlan:
+    """Host-side, once per batch: short sequences of small runs grouped into batched calls.
+
+    A run's own calls on the CPU are a chain of small ops (``split_prefix``: two flash calls and
+    a merge), so many short sequences of different shapes, as a compact batch's owners are,
+    spend their time in Python. Sequences with the same prefix length P = lk - lq share one
+    chain: their own rows padded at the END to the bucket's L, so the causal (top-left) block
+    never lets a real query see a padding key, and their P prefix keys are all real: no mask,
+    nothing approximated; padding query rows are computed and dropped (<= SHORT_PAD x the real).
+    """
+    cq, ck = np.asarray(cu_q, np.int64), np.asarray(cu_k, np.int64)
+    first = np.cumsum([0] + [r[2] for r in runs])  # the sequence index each run starts at
+    cand = [s for i, r in enumerate(runs) if 0 < r[3] <= SHORT_Q and r[4] <= SHORT_K and r[2] < SHORT_RUN
+            for s in range(int(first[i]), int(first[i + 1]))]
+    if len(cand) < SHORT_MIN:
+        return ShortPlan(runs, ())
+    lq, lk = np.diff(cq), np.diff(ck)
+    seqs = np.asarray(cand, np.int64)
+    order = seqs[np.lexsort((-lq[seqs], lk[seqs] - lq[seqs]))]  # by prefix length, then longest first
+    groups: list[list[int]] = []
+    for s in order.tolist():
+        g = groups[-1] if groups else None
+        if g and lk[g[0]] - lq[g[0]] == lk[s] - lq[s] and (len(g) + 1) * lq[g[0]] <= SHORT_PAD * (lq[g].sum() + lq[s]):
+            g.append(s)
+        else:
+            groups.append([s])
+    taken = np.zeros(len(lq), bool)
+    buckets = []
+    for members in (np.sort(np.asarray(g, np.int64)) for g in groups if len(g) >= SHORT_MIN):
+        taken[members] = True
+        b, length = len(members), int(lq[members].max())
+        pre = int(lk[members[0]] - lq[members[0]])
+        at = np.arange(length)[None, :]  # [1, L]
+        q_ok = at < lq[members, None]  # [b, L]
+        q_index = np.where(q_ok, cq[members, None] + at, 0)
+        key_at = np.arange(pre + length)[None, :]  # [1, P+L]
+        k_index = np.where(key_at < lk[members, None], ck[members, None] + key_at, 0)
+        out_index = np.flatnonzero(q_ok.reshape(-1))
+        buckets.append(ShortBucket(torch.from_numpy(q_index.reshape(-1)), torch.from_numpy(k_index.reshape(-1)),
+                                   torch.from_numpy(out_index), torch.from_numpy(q_index.reshape(-1)[out_index]),
+                                   (b, length, pre)))
+    if not buckets:
+        return ShortPlan(runs, ())
+    kept: list[Run] = []
+    for i, r in enumerate(runs):
+        own = range(int(first[i]), int(first[i + 1]))
+        if not taken[own.start:own.stop].any():
+            kept.append(r)
+        else:  # what the buckets left of a small run: one call per sequence
+            kept.extend((int(cq[s]), int(ck[s]), 1, int(lq[s]), int(lk[s])) for s in own if not taken[s])
+    return ShortPlan(tuple(kept), tuple(buckets))
+
+
+def _short_buckets(q: Tensor, k: Tensor, v: Tensor, buckets: tuple[ShortBucket, ...], out: Tensor, *,
+                   scale: float) -> None:
+    """Each bucket's prefix block and own causal block, merged; its real rows into ``out`` [Tq, H, D]."""
+    heads, kv_heads, dim = q.shape[1], k.shape[1], q.shape[2]
+    for bk in buckets:
+        b, length, pre = bk.shape
+        qs = q.index_select(0, bk.q_index).view(b, length, heads, dim).transpose(1, 2)  # [b, H, L, D]
+        ks = k.index_select(0, bk.k_index).view(b, pre + length, kv_heads, dim).transpose(1, 2)  # [b, Hkv, P+L, D]
+        vs = v.index_select(0, bk.k_index).view(b, pre + length, kv_heads, dim).transpose(1, 2)
+        if pre:
+            o = split_prefix(qs, ks, vs, pre, scale=scale)  # [b, H, L, D]
+        else:
+            o = block_lse(qs, ks, vs, causal=True, scale=scale)[0]
+        o = o.transpose(1, 2).reshape(b * length, heads, dim).index_select(0, bk.out_index)  # [rows, H, D]
+        out.index_copy_(0, bk.q_rows, o)
 
 
 PORTABLE = {"sdpa": sdpa_varlen, "sdpa-padded": sdpa_padded}

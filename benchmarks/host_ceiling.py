@@ -1,0 +1,338 @@
+"""The host ceiling: the real server with a zero-cost forward, so what is measured is everything else.
+
+    python -m benchmarks.host_ceiling [--loads embed-template rerank one-input] [--duration 8]
+        [--requests N] [--cache default 0] [--rounds 2] [--json]
+
+Each server is the real CLI (``server.cli.main``: HTTP stack, JSON, tokenization, scheduler,
+trie, prefix cache plan and commit) in a subprocess, on the tiny fixtures, with the runner's
+``forward`` replaced by one that returns zeros of the right shape: the model never runs, every
+other part of ``Runner.run`` does. The loads are the load tester's own (``loadtest.workloads``,
+``loadtest.client``): ``embed-template`` (64 templated pairs per /v1/embeddings request, ~9.2k
+tokens), ``rerank`` (one query with 100 passages per /rerank request) and ``one-input`` (one query
+per /embed request), closed loop at ``--concurrency``. One server per fixture and ``--cache``
+setting is started up front; the settings then alternate load by load, round by round, so the
+figures sit side by side under the same machine load.
+
+Printed per load and cache setting: wall input tokens/s and items/s, the server process's
+CPU-seconds per 1M input tokens, whole and per thread (``loop``: the event loop, ``tokenizer``:
+the tokenization pool, ``prep``, ``worker``, ``settle``; ``native``: threads Python did not start,
+such as the tokenizers' and torch's own, which run without the GIL; ``other``: the rest, threads
+that ended included), and the worker thread's CPU time per batch outside the forward (a small
+batch at an idle pipeline runs on the prep thread instead: ``worker batches`` counts the others). Per-thread CPU time is read in the
+server process through an opt-in hook (``--serve-child``, answering "stats" on stdin) from each
+thread's CPU clock (``time.pthread_getcpuclockid``). Nothing is asserted; the figures are in
+docs/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+
+PREFIX = "HOSTCEILING "  # the child's answers on stdout carry it (logs go to stderr)
+GROUPS = ("loop", "tokenizer", "prep", "worker", "settle", "native", "other")
+TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class Load:
+    preset: str
+    workload: str
+    passages: tuple[int, int] | None = None  # synthetic passages per query (None: the dataset's default)
+    queries_per_s: int = 1000  # synthetic queries built per second of measured run: none is sent twice
+
+
+LOADS = {
+    "embed-template": Load("tiny-embedding", "embed-template", queries_per_s=1000),
+    "rerank": Load("tiny-reranker", "rerank", passages=(100, 100), queries_per_s=150),
+    "one-input": Load("tiny-embedding", "embed-query", queries_per_s=2000),
+}
+
+
+# ---- the server side (the child process) -------------------------------------------------------
+
+def zero_forward(runner, counts: dict) -> None:
+    """Replace ``runner.forward`` by one returning zeros of its output's shape ([B, E] pooled
+    embeddings or [B] scores), counting its calls and their CPU time in ``counts``."""
+    import torch
+
+    counts.update(forwards=0, worker_forwards=0, worker_forward_cpu_s=0.0)
+    width = () if runner.kind == "reranker" else (runner.hidden_size,)
+
+    def forward(batch):
+        t0 = time.thread_time()
+        out = torch.zeros((batch.num_seqs, *width), dtype=torch.float32, device=runner.device)
+        counts["forwards"] += 1
+        if threading.current_thread().name == "rs-worker":  # a small batch may run on the prep thread
+            counts["worker_forwards"] += 1
+            counts["worker_forward_cpu_s"] += time.thread_time() - t0
+        return out
+
+    runner.forward = forward
+
+
+def group_of(name: str) -> str:
+    """The figure a Python thread's CPU time is reported under."""
+    if name == "MainThread":
+        return "loop"  # uvicorn runs the event loop on the main thread
+    if name == "native":
+        return "native"
+    if name.startswith("radixserve-tok"):
+        return "tokenizer"
+    return {"rs-prep": "prep", "rs-worker": "worker", "rs-settle": "settle"}.get(name, "other")
+
+
+def native_cpu_s(tid: int) -> float:
+    """utime + stime of one thread of this process, from /proc (clock ticks)."""
+    with open(f"/proc/self/task/{tid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) * TICK_S  # fields 14 and 15 of proc(5)
+
+
+def thread_stats(counts: dict) -> dict:
+    """Process CPU seconds, each live thread's CPU seconds ("name:native id" -> s; threads Python
+    did not start, such as torch's and the tokenizers' own, as "native:tid") and the zero
+    forward's counters."""
+    threads = {}
+    known = set()
+    for t in threading.enumerate():
+        try:
+            threads[f"{t.name}:{t.native_id}"] = time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+            known.add(t.native_id)
+        except (OSError, TypeError):  # ended since enumerate, or not started
+            continue
+    for tid in map(int, os.listdir("/proc/self/task")):
+        if tid not in known:
+            try:
+                threads[f"native:{tid}"] = native_cpu_s(tid)
+            except OSError:  # ended
+                continue
+    return {"process_cpu_s": time.process_time(), "threads": threads, **counts}
+
+
+def serve_child(argv: list[str]) -> int:
+    """The real CLI with the zero forward; answers each "stats" line on stdin with one JSON line."""
+    import server.app
+    from server import cli
+
+    counts: dict = {}
+    real_load = server.app.load_runner
+
+    def load_runner(config):
+        runner = real_load(config)
+        zero_forward(runner, counts)
+        return runner
+
+    server.app.load_runner = load_runner  # cli.main imports it from server.app at call time
+
+    def answer() -> None:
+        for line in sys.stdin:
+            if line.strip() == "stats":
+                print(PREFIX + json.dumps(thread_stats(counts)), flush=True)
+
+    threading.Thread(target=answer, name="host-ceiling-stats", daemon=True).start()
+    return cli.main(argv)
+
+
+# ---- the load side (this process) --------------------------------------------------------------
+
+class Server:
+    """One child server: ``stats()`` asks it for its CPU clocks."""
+
+    def __init__(self, preset: str, cache: str, port: int, extra: list[str], *, log: bool = False) -> None:
+        from models import fixtures
+
+        model = str(fixtures.cached(preset))
+        self.name, self.url = f"{preset} cache={cache}", f"http://127.0.0.1:{port}"
+        argv = ["--model-id", model, "--hostname", "127.0.0.1", "--port", str(port),
+                "--prefix-cache-size", cache, *extra]
+        self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.host_ceiling", "--serve-child", *argv],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                     stderr=None if log else subprocess.DEVNULL)
+
+    def wait(self) -> None:
+        from loadtest.client import wait_healthy
+
+        wait_healthy(self.url, timeout=300.0, alive=lambda: self.proc.poll() is None)
+
+    def stats(self) -> dict:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("stats\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith(PREFIX):
+                return json.loads(line[len(PREFIX):])
+        raise RuntimeError(f"{self.name} exited (status {self.proc.wait()})")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def requests_of(load: Load, queries: int):
+    from loadtest import datasets, workloads
+
+    kw = {"passages_per_query": load.passages} if load.passages else {}
+    return workloads.build_requests(datasets.synthetic(queries, seed=0, **kw), load.workload)
+
+
+def figures(before: dict, after: dict, *, tokens: float, items: int, wall_s: float) -> dict:
+    """One measured run's figures from the server's CPU clocks before and after it."""
+    per_group = dict.fromkeys(GROUPS, 0.0)
+    for key, cpu in after["threads"].items():
+        per_group[group_of(key.rsplit(":", 1)[0])] += cpu - before["threads"].get(key, 0.0)
+    total = after["process_cpu_s"] - before["process_cpu_s"]
+    per_group["other"] += total - sum(per_group.values())  # threads that ended between the clocks
+    batches = after["forwards"] - before["forwards"]
+    on_worker = after["worker_forwards"] - before["worker_forwards"]
+    forward_cpu = after["worker_forward_cpu_s"] - before["worker_forward_cpu_s"]
+    per_m = 1e6 / tokens if tokens else float("nan")
+    return {
+        "tokens": int(tokens), "items": items, "wall_s": round(wall_s, 4),
+        "tokens_per_s": round(tokens / wall_s), "items_per_s": round(items / wall_s, 1),
+        "batches": batches, "tokens_per_batch": round(tokens / batches) if batches else 0,
+        "cpu_s_per_1m_tokens": round(total * per_m, 3),
+        "cpu_s_per_1m_tokens_by_thread": {g: round(v * per_m, 3) for g, v in per_group.items()},
+        "worker_batches": on_worker,
+        "worker_non_forward_ms_per_batch": round((per_group["worker"] - forward_cpu) / on_worker * 1e3, 3)
+        if on_worker else None,
+    }
+
+
+def measure(server: Server, reqs, *, concurrency: int, duration: float | None, requests: int | None) -> dict:
+    """One closed-loop run of ``reqs`` (two unmeasured warm-up requests first) against ``server``."""
+    from loadtest.client import RunConfig, run
+
+    cfg = RunConfig(url=server.url, concurrency=concurrency, duration=duration, requests=requests,
+                    warmup=2, progress=False, warmup_continues=True)
+    before = server.stats()
+    res = run(reqs, cfg)
+    after = server.stats()
+    tokens = res.metrics.tokens_original or 0.0
+    out = figures(before, after, tokens=tokens, items=res.items_ok, wall_s=res.wall_s)
+    # a request sent twice may be read whole from the prefix cache: the figure is then flattered
+    out.update(errors=dict(res.errors), sent=res.sent + cfg.warmup, repeated=res.sent > res.distinct)
+    return out
+
+
+def merge(runs: list[dict]) -> dict:
+    """Rounds of one (load, cache) summed into one figure set."""
+    if len(runs) == 1:
+        return runs[0]
+    tokens = sum(r["tokens"] for r in runs)
+    wall = sum(r["wall_s"] for r in runs)
+    batches = sum(r["batches"] for r in runs)
+    on_worker = sum(r["worker_batches"] for r in runs)
+    w = [r["tokens"] / tokens if tokens else 0.0 for r in runs]
+    by = {g: round(sum(x * r["cpu_s_per_1m_tokens_by_thread"][g] for x, r in zip(w, runs)), 3) for g in GROUPS}
+    bw = [r["worker_batches"] / on_worker if on_worker else 0.0 for r in runs]
+    errors: dict = {}
+    for r in runs:
+        for k, v in r["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    return {
+        "tokens": tokens, "items": sum(r["items"] for r in runs), "wall_s": round(wall, 4),
+        "tokens_per_s": round(tokens / wall), "items_per_s": round(sum(r["items"] for r in runs) / wall, 1),
+        "batches": batches, "tokens_per_batch": round(tokens / batches) if batches else 0,
+        "cpu_s_per_1m_tokens": round(sum(x * r["cpu_s_per_1m_tokens"] for x, r in zip(w, runs)), 3),
+        "cpu_s_per_1m_tokens_by_thread": by, "worker_batches": on_worker,
+        "worker_non_forward_ms_per_batch": round(sum(x * r["worker_non_forward_ms_per_batch"]
+                                                     for x, r in zip(bw, runs) if x), 3)
+        if on_worker else None,
+        "errors": errors, "rounds": len(runs), "repeated": any(r["repeated"] for r in runs),
+    }
+
+
+def host_ceiling(loads: list[str], caches: list[str], *, rounds: int = 2, duration: float | None = 8.0,
+                 requests: int | None = None, concurrency: int = 8, queries: int | None = None,
+                 extra: list[str] | None = None, log: bool = False) -> list[dict]:
+    """One row per (load, cache setting): the figures of ``figures``, summed over the rounds."""
+    servers: dict[tuple[str, str], Server] = {}
+    try:
+        for preset in dict.fromkeys(LOADS[name].preset for name in loads):
+            for cache in caches:
+                servers[(preset, cache)] = Server(preset, cache, free_port(), list(extra or []), log=log)
+        for s in servers.values():
+            s.wait()
+        seconds = duration if duration is not None else max(1.0, (requests or 0) / 10)
+        reqs = {name: requests_of(LOADS[name], queries or int(LOADS[name].queries_per_s * seconds * rounds))
+                for name in loads}
+        got: dict[tuple[str, str], list[dict]] = {(n, c): [] for n in loads for c in caches}
+        sent = dict.fromkeys(got, 0)  # each server walks its own way through the list: no request twice
+        for r in range(rounds):
+            for name in loads:
+                order = caches if r % 2 == 0 else caches[::-1]  # who goes first alternates
+                for cache in order:
+                    rest = reqs[name][sent[(name, cache)]:]
+                    row = measure(servers[(LOADS[name].preset, cache)], rest if len(rest) > 2 else reqs[name],
+                                  concurrency=concurrency, duration=duration, requests=requests)
+                    sent[(name, cache)] += row.pop("sent")
+                    got[(name, cache)].append(row)
+    finally:
+        for s in servers.values():
+            s.stop()
+    return [{"load": n, "prefix_cache_size": c, **merge(runs)} for (n, c), runs in got.items()]
+
+
+def table(rows: list[dict]) -> str:
+    head = ["load", "cache", "tok/s", "items/s", "batches", "tok/batch", "CPU-s/1M", *GROUPS,
+            "worker batches", "worker ms/batch"]
+    lines = [" | ".join(head), " | ".join("---" for _ in head)]
+    for r in rows:
+        if r["repeated"]:
+            lines.append(f"(the {r['load']} list ran out and repeated: --queries more)")
+        by = r["cpu_s_per_1m_tokens_by_thread"]
+        lines.append(" | ".join(str(x) for x in [
+            r["load"], r["prefix_cache_size"], r["tokens_per_s"], r["items_per_s"], r["batches"],
+            r["tokens_per_batch"], r["cpu_s_per_1m_tokens"], *(by[g] for g in GROUPS),
+            r["worker_batches"], r["worker_non_forward_ms_per_batch"]]))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--serve-child"]:
+        return serve_child(argv[1:])
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.host_ceiling", description=__doc__.split("\n")[0])
+    ap.add_argument("--loads", nargs="+", choices=sorted(LOADS), default=list(LOADS))
+    ap.add_argument("--cache", nargs="+", default=["default", "0"], metavar="SIZE",
+                    help="--prefix-cache-size of each server, alternated ('default': the server's default)")
+    ap.add_argument("--rounds", type=int, default=2, help="measured runs per load and cache setting")
+    ap.add_argument("--duration", type=float, default=8.0, help="seconds per measured run")
+    ap.add_argument("--requests", type=int, default=None, help="requests per measured run (instead of --duration)")
+    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--queries", type=int, default=None,
+                    help="synthetic queries the requests are built from (default: enough that none repeats)")
+    ap.add_argument("--log", action="store_true", help="show the servers' logs (stderr)")
+    ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                    help="extra server flag, repeatable (e.g. --server-arg=--max-batch-tokens --server-arg=32768)")
+    ap.add_argument("--json", action="store_true", help="one JSON object per row instead of the table")
+    a = ap.parse_args(argv)
+    from server.config import ServerConfig
+
+    caches = [ServerConfig.prefix_cache_size if c == "default" else c for c in a.cache]
+    rows = host_ceiling(a.loads, caches, rounds=a.rounds, duration=None if a.requests else a.duration,
+                        requests=a.requests, concurrency=a.concurrency, queries=a.queries,
+                        extra=a.server_arg, log=a.log)
+    print("\n".join(json.dumps(r) for r in rows) if a.json else table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

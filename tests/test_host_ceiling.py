@@ -1,0 +1,58 @@
+"""The host-ceiling benchmark runs in its smallest form and its figures are consistent.
+
+Times are never asserted: the checks are that every field is there, that the per-thread CPU
+figures add up to the process's, that tokens/s and items/s agree with the counts and the wall
+time, and that the zero forward answers each request (no errors) without running the model.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from benchmarks import host_ceiling
+from benchmarks.host_ceiling import GROUPS, figures, group_of
+
+
+def test_group_of_names_the_server_threads():
+    assert group_of("MainThread") == "loop"
+    assert group_of("radixserve-tok_3") == "tokenizer"
+    assert [group_of(n) for n in ("rs-prep", "rs-worker", "rs-settle")] == ["prep", "worker", "settle"]
+    assert group_of("native") == "native"
+    assert group_of("asyncio_0") == "other"
+
+
+def test_figures_split_the_process_cpu_by_thread():
+    before = {"process_cpu_s": 10.0, "forwards": 3, "worker_forwards": 2, "worker_forward_cpu_s": 0.01,
+              "threads": {"MainThread:1": 1.0, "rs-worker:2": 2.0, "native:7": 0.5, "gone:9": 0.2}}
+    after = {"process_cpu_s": 14.0, "forwards": 7, "worker_forwards": 5, "worker_forward_cpu_s": 0.04,
+             "threads": {"MainThread:1": 2.5, "rs-worker:2": 2.6, "native:7": 1.0, "rs-prep:3": 0.9,
+                         "radixserve-tok_0:4": 0.3}}
+    f = figures(before, after, tokens=2e6, items=40, wall_s=2.0)
+    by = {g: v * 2 for g, v in f["cpu_s_per_1m_tokens_by_thread"].items()}  # back to seconds
+    assert by["loop"] == pytest.approx(1.5) and by["worker"] == pytest.approx(0.6)
+    assert by["prep"] == pytest.approx(0.9) and by["tokenizer"] == pytest.approx(0.3)
+    assert by["native"] == pytest.approx(0.5)
+    assert sum(by.values()) == pytest.approx(4.0)  # "other" takes the rest (threads that ended)
+    assert f["cpu_s_per_1m_tokens"] == pytest.approx(2.0)
+    assert f["batches"] == 4 and f["worker_batches"] == 3
+    assert f["worker_non_forward_ms_per_batch"] == pytest.approx((0.6 - 0.03) / 3 * 1e3, abs=1e-3)
+    assert f["tokens_per_s"] == 1_000_000 and f["items_per_s"] == 20.0
+
+
+def test_smallest_run_has_every_field():
+    rows = host_ceiling.host_ceiling(["embed-template", "one-input"], ["0"], rounds=1, duration=None,
+                                     requests=3, queries=40)
+    assert [(r["load"], r["prefix_cache_size"]) for r in rows] == [("embed-template", "0"), ("one-input", "0")]
+    for r in rows:
+        assert r["errors"] == {} and not r["repeated"]
+        assert r["tokens"] > 0 and r["batches"] >= 1
+        assert r["items"] == (3 if r["load"] == "one-input" else 3 * 64)
+        assert r["tokens_per_s"] == pytest.approx(r["tokens"] / r["wall_s"], rel=0.05)
+        assert r["items_per_s"] == pytest.approx(r["items"] / r["wall_s"], rel=0.05)
+        by = r["cpu_s_per_1m_tokens_by_thread"]
+        assert set(by) == set(GROUPS)
+        assert sum(by.values()) == pytest.approx(r["cpu_s_per_1m_tokens"], abs=0.01 * len(GROUPS))
+        assert by["loop"] > 0 and r["cpu_s_per_1m_tokens"] > 0
+        w = r["worker_non_forward_ms_per_batch"]
+        assert (w is None) == (r["worker_batches"] == 0) and (w is None or math.isfinite(w))
