@@ -21,7 +21,7 @@ that ended included), and the worker thread's CPU time per batch outside the for
 batch at an idle pipeline runs on the prep thread instead: ``worker batches`` counts the others). Per-thread CPU time is read in the
 server process through an opt-in hook (``--serve-child``, answering "stats" on stdin) from each
 thread's CPU clock (``time.pthread_getcpuclockid``). Nothing is asserted; the figures are in
-docs/benchmarks.md.
+docs/performance.md, "Host path".
 """
 from __future__ import annotations
 
