@@ -101,6 +101,9 @@ class ServerConfig:
     pooling: str | None = option(None, "default: from the checkpoint", choices=POOLINGS)
     default_prompt_name: str | None = option(None, "embedding prompt name (a key of the model's prompts)")
     default_prompt: str | None = option(None, "embedding prompt text prepended to every input")
+    allow_token_ids: bool = option(
+        False, "accept token ids as /v1/embeddings input, read as this model's tokenizer's ids (off: 422 naming "
+               "the fix, since LangChain's OpenAIEmbeddings sends tiktoken's ids by default)")
     api_key: str | None = option(None, "require 'Authorization: Bearer KEY' on inference routes (unset: no auth)",
                                  secret=True)
     payload_limit: int = option(2_000_000, "bytes per request body", minimum=1)
