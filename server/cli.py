@@ -5,8 +5,9 @@ The parser is generated from ServerConfig's field metadata (server/config.py): o
 environment variable, which beats the default. TEI's flags are fields too, so a TEI launch line
 parses; the ones with no effect here say so at start. vLLM's ``radixserve serve MODEL ...`` and
 Infinity's ``radixserve v2 ...`` lines are translated to ours first (server/launch_lines.py). The
-flags are checked before torch or the model code is imported, so a bad line returns at once. Shutdown: see server/http/lifecycle.py. Exit
-status: 0 after SIGTERM/SIGINT, 1 when start-up fails, 2 for bad flags, 70 when the model worker died.
+flags are checked before torch or the model code is imported, so a bad line returns at once.
+Shutdown: see server/http/lifecycle.py. Exit status: 0 after SIGTERM/SIGINT, 1 when start-up fails,
+2 for bad flags, 70 when the model worker died.
 """
 from __future__ import annotations
 
