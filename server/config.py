@@ -58,8 +58,8 @@ class ServerConfig:
     served_model_name: str | None = option(
         None, "name reported by /info and the /v1 routes (default: the model id); comma-separated: the first is "
               "reported, each is accepted as a request's model")
-    task: str | None = option(
-        None, "what the model must serve, as vLLM's --task: embed (an embedding model), or classify, score or "
+    model_task: str | None = option(
+        None, "what the model must serve (vLLM's --task, --runner, --convert): embed (an embedding model), or classify, score or "
               "reward (a reranker's score head); a checkpoint of the other kind is refused at start",
         choices=TASKS)
     hostname: str = option("0.0.0.0", "listen address (a HOSTNAME variable that is not an IP address is ignored)",
@@ -182,13 +182,14 @@ class ServerConfig:
         return names or (self.model_id,)
 
     def check_kind(self, kind: str) -> None:
-        """Refuse a checkpoint whose kind cannot serve ``--task`` (known only once it is loaded)."""
-        if self.task is not None and TASK_KINDS[self.task] != kind:
-            want = TASK_KINDS[self.task]
+        """Refuse a checkpoint whose kind cannot serve ``--model-task`` (known only once it is loaded)."""
+        if self.model_task is not None and TASK_KINDS[self.model_task] != kind:
+            want = TASK_KINDS[self.model_task]
+            fits = "embed" if kind == "embedding" else "score (or classify, reward)"
             raise ValueError(
-                f"--task {self.task} needs {'an' if want == 'embedding' else 'a'} {want} model, but {self.model_id} "
-                f"is {'an' if kind == 'embedding' else 'a'} {kind}: give --task "
-                f"{'embed' if kind == 'embedding' else 'score (or classify, reward)'}, or leave it out")
+                f"--model-task (vLLM's --task) {self.model_task} needs {'an' if want == 'embedding' else 'a'} "
+                f"{want} model, but {self.model_id} is {'an' if kind == 'embedding' else 'a'} {kind}: give "
+                f"{fits}, or leave it out")
 
     @property
     def hub_token(self) -> str | None:

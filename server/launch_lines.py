@@ -83,9 +83,9 @@ NO_REMOTE_CODE = "radixserve runs its own Qwen3 model code; no code from the che
 
 VLLM: dict[str, Flag] = {
     "--model": Flag("--model-id"),
-    "--task": Flag("--task", _choose("--task", _TASKS, _TASK_HINT)),
-    "--runner": Flag("--task", _choose("--runner", {"pooling": None, "auto": None}, _TASK_HINT)),
-    "--convert": Flag("--task", _choose("--convert", _TASKS, _TASK_HINT)),
+    "--task": Flag("--model-task", _choose("--task", _TASKS, _TASK_HINT)),
+    "--runner": Flag("--model-task", _choose("--runner", {"pooling": None, "auto": None}, _TASK_HINT)),
+    "--convert": Flag("--model-task", _choose("--convert", _TASKS, _TASK_HINT)),
     "--max-model-len": Flag("--max-input-length"),
     "--dtype": Flag("--dtype", _choose("--dtype", _DTYPES, _DTYPE_HINT)),
     "--served-model-name": Flag("--served-model-name"),
@@ -201,7 +201,7 @@ def translate(argv: list[str], ours: dict[str, bool | None]) -> tuple[list[str],
             notes.append(f"{name}'s {flag} accepted, no effect here: {spec.note}" if spec.note else
                          f"{name}'s {arg} accepted: it is what radixserve does anyway")
             continue
-        if spec.ours in seen and spec.ours != "--task":
+        if spec.ours in seen and spec.ours != "--model-task":
             raise LaunchError(f"{flag} given twice (or with its alias): radixserve serves one model, with one "
                               f"value per flag")
         seen.add(spec.ours)

@@ -32,7 +32,7 @@ def test_a_vllm_embedding_line_maps_to_our_flags():
          "--trust-remote-code", "--dtype", "auto", "--served-model-name", "qwen", "emb", "--api-key", "k3y",
          "--host", "127.0.0.1", "--port", "8000", "--max-num-seqs", "64", "--max-num-batched-tokens=4096",
          "--no-enable-prefix-caching", "--prefix-cache-size", "0"], environ={})
-    want = ServerConfig(model_id="Qwen/Qwen3-Embedding-0.6B", task="embed", max_input_length=512,
+    want = ServerConfig(model_id="Qwen/Qwen3-Embedding-0.6B", model_task="embed", max_input_length=512,
                         served_model_name="qwen,emb", api_key="k3y", hostname="127.0.0.1", port=8000,
                         max_batch_requests=64, max_batch_tokens=4096, prefix_cache_size="0")
     assert config == want
@@ -45,7 +45,7 @@ def test_a_vllm_embedding_line_maps_to_our_flags():
                                        (["--task=embedding"], "embed"), (["--dtype", "half"], None)])
 def test_vllm_tasks(line, task):
     config, _ = load_config(["serve", "/m", *line], environ={})
-    assert config.task == task and config.model_id == "/m"
+    assert config.model_task == task and config.model_id == "/m"
 
 
 def test_an_infinity_line_maps_to_our_flags():
@@ -107,14 +107,14 @@ def test_a_task_the_checkpoint_cannot_serve_is_refused_at_start(tiny_reranker_di
                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "--task embed needs an embedding model" in out.stdout + out.stderr
-    assert "give --task score" in out.stdout + out.stderr
+    assert "--task) embed needs an embedding model" in out.stdout + out.stderr
+    assert "give score" in out.stdout + out.stderr
 
 
 @pytest.mark.parametrize("task,kind,ok", [("embed", "embedding", True), ("score", "reranker", True),
                                           ("classify", "embedding", False), (None, "reranker", True)])
 def test_check_kind(task, kind, ok):
-    config = ServerConfig(task=task)
+    config = ServerConfig(model_task=task)
     if ok:
         config.check_kind(kind)
     else:
