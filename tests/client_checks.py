@@ -14,6 +14,9 @@ from collections.abc import Iterable, Mapping
 import pytest
 
 CACHE_ATOL = 1e-4  # docs/design.md, "Prefix cache": fp32 outputs within 1e-4 of the cache-off path
+# Seconds a test's HTTP call may take: catches a hang only (httpx's default of 5 s failed a cheap
+# GET /openapi.json on a busy 2-core machine).
+LOADED = 120.0
 
 
 def assert_ranked(got: Iterable[tuple[int, float]], native: Mapping[int, float], top_n: int) -> None:

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.client_checks import CACHE_ATOL, dot_atol
+from tests.client_checks import CACHE_ATOL, LOADED, dot_atol
 from tests.serving import cached_runner, serve
 
 TEXTS = [
@@ -72,10 +72,10 @@ def test_embed_all_rows_are_transformers_hidden_states(emb_srv, hf_model):
 
 def test_embed_all_on_the_index_used_it(emb_srv, tiny_embedding_dir):
     """With threshold 1 the shared prefixes really went through the trie (not an unrelated path)."""
-    info = httpx.get(emb_srv.url + "/info").json()
+    info = httpx.get(emb_srv.url + "/info", timeout=LOADED).json()
 
     def tokens(kind: str) -> float:
-        lines = httpx.get(emb_srv.url + "/metrics").text.splitlines()
+        lines = httpx.get(emb_srv.url + "/metrics", timeout=LOADED).text.splitlines()
         return float(next(l for l in lines if l.startswith(f'radixserve_tokens_total{{kind="{kind}"}}')).split()[-1])
 
     # NOTE: deltas over this request only: earlier /embed requests on this server may have been
@@ -102,8 +102,8 @@ def test_root_and_invocations_dispatch_by_shape(emb_srv):
         np.testing.assert_allclose(sim.json(), e[1:] @ e[0], atol=dot_atol(e.shape[1]))
         bad = post(emb_srv, path, {"inputs": 3})
         assert bad.status_code == 422 and bad.json()["error_type"] == "Validation"
-    assert httpx.get(emb_srv.url + "/").status_code == 200
-    assert httpx.get(emb_srv.url + "/ping").status_code == 200
+    assert httpx.get(emb_srv.url + "/", timeout=LOADED).status_code == 200
+    assert httpx.get(emb_srv.url + "/ping", timeout=LOADED).status_code == 200
 
 
 def test_similarity_checks(emb_srv):
@@ -117,7 +117,7 @@ def test_similarity_checks(emb_srv):
 
 
 def test_decode(emb_srv):
-    tok = cached_runner(str(httpx.get(emb_srv.url + "/info").json()["model_id"])).tokenizer
+    tok = cached_runner(str(httpx.get(emb_srv.url + "/info", timeout=LOADED).json()["model_id"])).tokenizer
     ids = [tok.encode(t).ids for t in TEXTS[:2]]
     r = post(emb_srv, "/decode", {"ids": ids})
     assert r.json() == TEXTS[:2]  # <|endoftext|> is special: skipped by default
@@ -131,7 +131,7 @@ def test_decode(emb_srv):
 
 
 def test_info_has_tei_fields(emb_srv):
-    info = httpx.get(emb_srv.url + "/info").json()
+    info = httpx.get(emb_srv.url + "/info", timeout=LOADED).json()
     for key in ("model_id", "model_sha", "model_dtype", "served_model_name", "model_type", "max_concurrent_requests",
                 "max_input_length", "max_batch_tokens", "max_batch_requests", "max_client_batch_size",
                 "auto_truncate", "tokenization_workers", "version", "sha", "docker_label", "prompts",
@@ -168,12 +168,12 @@ def test_cohere_embed_shapes_and_values(emb_srv):
 
 
 def test_openai_models(emb_srv):
-    name = httpx.get(emb_srv.url + "/info").json()["served_model_name"]
-    listed = httpx.get(emb_srv.url + "/v1/models").json()
+    name = httpx.get(emb_srv.url + "/info", timeout=LOADED).json()["served_model_name"]
+    listed = httpx.get(emb_srv.url + "/v1/models", timeout=LOADED).json()
     assert listed["object"] == "list" and [m["id"] for m in listed["data"]] == [name]
-    one = httpx.get(emb_srv.url + "/v1/models/" + name)
+    one = httpx.get(emb_srv.url + "/v1/models/" + name, timeout=LOADED)
     assert one.status_code == 200 and one.json()["id"] == name
-    missing = httpx.get(emb_srv.url + "/v1/models/not-this-one")
+    missing = httpx.get(emb_srv.url + "/v1/models/not-this-one", timeout=LOADED)
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
 
 
@@ -192,7 +192,7 @@ def test_teis_unserved_routes_say_which_route_to_use(emb_srv, rr_srv, path, what
         body = r.json()
         assert set(body) == {"error", "error_type"} and body["error_type"] == "Validation"
         assert what in body["error"] and "dense embeddings and rerankers" in body["error"] and use in body["error"]
-    assert httpx.get(emb_srv.url + path).status_code == 405
+    assert httpx.get(emb_srv.url + path, timeout=LOADED).status_code == 405
 
 
 def test_reranker_root_and_cohere_v2(rr_srv):
@@ -226,14 +226,14 @@ def test_new_routes_need_the_api_key(tiny_embedding_dir):
             assert post(srv, path, body).status_code == 401, path
             ok = post(srv, path, body, headers={"Authorization": "Bearer sekret"})
             assert ok.status_code == 200, (path, ok.text)
-        assert httpx.get(srv.url + "/").status_code == 200  # GET / is TEI's open health check
-        assert httpx.get(srv.url + "/ping").status_code == 200
+        assert httpx.get(srv.url + "/", timeout=LOADED).status_code == 200  # GET / is TEI's open health check
+        assert httpx.get(srv.url + "/ping", timeout=LOADED).status_code == 200
     finally:
         srv.stop()
 
 
 def test_openapi_lists_every_route(emb_srv):
-    paths = httpx.get(emb_srv.url + "/openapi.json").json()["paths"]
+    paths = httpx.get(emb_srv.url + "/openapi.json", timeout=LOADED).json()["paths"]
     for path, method in (("/", "post"), ("/", "get"), ("/invocations", "post"), ("/ping", "get"), ("/similarity", "post"),
                          ("/embed_all", "post"), ("/decode", "post"), ("/v1/embed", "post"), ("/v2/embed", "post"),
                          ("/v2/rerank", "post"), ("/v1/models", "get"), ("/v1/models/{model_id}", "get"),
@@ -264,7 +264,8 @@ def test_compat_bodies_are_bounded(tiny_embedding_dir):
         long = post(srv, "/embed_all", {"inputs": [" ".join(["word"] * 30)] * 3})  # ~93 tokens > 64
         assert long.status_code == 422 and "more than the maximum of 64" in long.json()["error"], long.text
         assert post(srv, "/decode", {"ids": [[1, "x"]]}).status_code == 422
-        bad = httpx.post(srv.url + "/", content=b"{not json", headers={"content-type": "application/json"})
+        bad = httpx.post(srv.url + "/", content=b"{not json", headers={"content-type": "application/json"},
+                         timeout=LOADED)
         assert bad.status_code == 422 and bad.json()["error_type"] == "Validation"
     finally:
         srv.stop()
@@ -282,6 +283,6 @@ def test_embed_all_answer_is_bounded_by_max_embed_all_floats(emb_srv, tiny_embed
         assert r.json()["error_type"] == "Validation"
         message = r.json()["error"]
         assert f"maximum of {floats} (--max-embed-all-floats)" in message and "raise the limit" in message
-        assert httpx.get(srv.url + "/health").status_code == 200
+        assert httpx.get(srv.url + "/health", timeout=LOADED).status_code == 200
     finally:
         srv.stop()

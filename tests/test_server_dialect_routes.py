@@ -13,7 +13,7 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.client_checks import CACHE_ATOL
+from tests.client_checks import CACHE_ATOL, LOADED
 from tests.serving import serve
 
 TEXTS = ["what is the capital of france", "paris is the capital of france"]
@@ -44,8 +44,8 @@ def embed(srv, texts, **body) -> np.ndarray:
 
 
 def test_version_is_the_servers(emb):
-    r = httpx.get(emb.url + "/version")
-    assert r.status_code == 200 and r.json() == {"version": httpx.get(emb.url + "/info").json()["version"]}
+    r = httpx.get(emb.url + "/version", timeout=LOADED)
+    assert r.status_code == 200 and r.json() == {"version": httpx.get(emb.url + "/info", timeout=LOADED).json()["version"]}
 
 
 def test_an_unknown_model_is_404_and_every_served_name_is_accepted(emb, tiny_embedding_dir):
@@ -74,11 +74,11 @@ def test_dimensions_zero_is_the_full_size(emb):
 def test_infinitys_models_list_says_what_the_model_serves(emb, rr):
     for srv, capability in ((emb, "embed"), (rr, "rerank")):
         for path in ("/models", "/infinity/models"):
-            r = httpx.get(srv.url + path)
+            r = httpx.get(srv.url + path, timeout=LOADED)
             assert r.status_code == 200, r.text
             (model,) = r.json()["data"]
             assert r.json()["object"] == "list" and model["capabilities"] == [capability]
-            assert model["id"] == httpx.get(srv.url + "/info").json()["served_model_name"]
+            assert model["id"] == httpx.get(srv.url + "/info", timeout=LOADED).json()["served_model_name"]
 
 
 def test_cohere_embed_body_at_the_root(emb):
@@ -107,7 +107,7 @@ def test_token_ids_are_refused_unless_allowed(emb, tiny_embedding_dir):
     assert "--allow-token-ids" in r.json()["error"]["message"]
     allowed = serve(tiny_embedding_dir, allow_token_ids=True)
     try:
-        ids = httpx.post(allowed.url + "/tokenize", json={"inputs": TEXTS[0]}).json()[0]
+        ids = httpx.post(allowed.url + "/tokenize", json={"inputs": TEXTS[0]}, timeout=LOADED).json()[0]
         r = post(allowed, "/v1/embeddings", {"input": [[t["id"] for t in ids]]})
         assert r.status_code == 200, r.text
         np.testing.assert_allclose(r.json()["data"][0]["embedding"], embed(allowed, TEXTS[:1])[0], atol=CACHE_ATOL)
