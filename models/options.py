@@ -2,9 +2,11 @@
 
 `load_runner` checks its arguments against these and server/config.py builds its flag choices
 and its threshold check from them, so the two can never disagree. Invariant: this module imports
-nothing (server/config.py imports it when the CLI starts, before torch is needed).
+only the standard library (server/config.py imports it when the CLI starts, before torch is needed).
 """
 from __future__ import annotations
+
+import re
 
 POOLINGS = ("last-token", "mean", "cls")  # how an embedding model turns token states into one vector
 RADIX_ATTENTION = ("compact", "paper")  # attention over the trie's compact rows
@@ -38,3 +40,24 @@ def use_index(threshold: float, ratio: float, *, saved_rows: int, hidden_size: i
     if threshold <= 0.0 or ratio >= threshold:
         return False
     return saved_rows * hidden_size >= MIN_SAVED_WORK
+
+
+# The --prefix-cache-size grammar (models/prefix_cache/size.py turns a size into token rows).
+CACHE_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+                    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
+_CACHE_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$")
+
+
+def parse_cache_size(size: str | int) -> tuple[float, str] | None:
+    """A prefix cache size -> (value, unit): "512MiB" -> (512.0, "mib"), "8192tokens" -> (8192.0,
+    "tokens"); "auto" -> None. Raises ValueError on anything else."""
+    text = str(size).strip().lower()
+    if text == "auto":
+        return None
+    m = _CACHE_SIZE.match(text)
+    if m is None:
+        raise ValueError(f"prefix cache size must look like 512MiB, 2GB, 8192tokens or 0, got {size!r}")
+    value, unit = float(m.group(1)), m.group(2)
+    if unit not in CACHE_SIZE_UNITS and unit not in ("token", "tokens"):
+        raise ValueError(f"unknown unit {unit!r} in prefix cache size {size!r}")
+    return value, "tokens" if unit == "token" else unit

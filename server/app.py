@@ -188,7 +188,9 @@ def create_app(config: ServerConfig, runner: ServedRunner | None = None,
     info = app.state.info = build_info(config, runner, max_input_length=service.limits.max_input_length,
                                        tokenization_workers=service.tok.workers)
     app.include_router(tei.build_router(service, model_name=config.model_name))
-    app.include_router(openai.build_router(service, model_name=config.model_name))
+    app.include_router(openai.build_router(service, model_name=config.model_name,
+                                           names=(*config.model_names, config.model_id),
+                                           allow_token_ids=config.allow_token_ids))
     app.include_router(cohere.build_router(service, model_name=config.model_name))
     app.include_router(infinity.build_router(service, model_name=config.model_name))
     app.include_router(ops.build_router(service, info=info))

@@ -3,8 +3,11 @@
 The parser is generated from ServerConfig's field metadata (server/config.py): one flag per field
 (``max_batch_tokens`` -> ``--max-batch-tokens``), a flag given on the command line beats its
 environment variable, which beats the default. TEI's flags are fields too, so a TEI launch line
-parses; the ones with no effect here say so at start. Shutdown: see server/http/lifecycle.py. Exit
-status: 0 after SIGTERM/SIGINT, 1 when start-up fails, 2 for bad flags, 70 when the model worker died.
+parses; the ones with no effect here say so at start. vLLM's ``radixserve serve MODEL ...`` and
+Infinity's ``radixserve v2 ...`` lines are translated to ours first (server/launch_lines.py). The
+flags are checked before torch or the model code is imported, so a bad line returns at once.
+Shutdown: see server/http/lifecycle.py. Exit status: 0 after SIGTERM/SIGINT, 1 when start-up fails,
+2 for bad flags, 70 when the model worker died.
 """
 from __future__ import annotations
 
@@ -17,21 +20,34 @@ import sys
 import time
 
 from server.config import ServerConfig, convert, env_values, env_var, field_types, flag_name
+from server.launch_lines import LaunchError, translate
 
 log = logging.getLogger("radixserve.server")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with every error naming where the flags are listed (never a bare parser message)."""
+
+    def error(self, message: str):
+        if "unrecognized arguments" in message or "expected one argument" in message:
+            message += (". radixserve --help lists its flags; vLLM's launch line runs as radixserve serve MODEL ..., "
+                        "Infinity's as radixserve v2 ...")
+        self.exit(2, f"{self.prog}: error: {message}\n")  # the one sentence, without the flag list
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="radixserve",
         description="Embedding and reranking server with in-batch prefix deduplication (RadixMLP). "
         "Every flag also reads its environment variable (e.g. --max-batch-tokens: MAX_BATCH_TOKENS); "
-        "the command line wins.",
+        "the command line wins. vLLM's line (radixserve serve MODEL --task embed ...) and Infinity's "
+        "(radixserve v2 --model-id MODEL ...) are read too.",
+        allow_abbrev=False,
     )
     types = field_types()
     for f in dataclasses.fields(ServerConfig):
         meta = f.metadata
-        names = [n for n in (meta["short"], flag_name(f.name)) if n]
+        names = [n for n in (meta["short"], flag_name(f.name), *meta["aliases"]) if n]
         help_text = meta["help"]
         if meta["choices"]:
             help_text += f" ({' | '.join(meta['choices'])})"
@@ -49,13 +65,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _takes_value(parser: argparse.ArgumentParser) -> dict[str, bool | None]:
+    """Each option string -> whether it takes a value (None: an optional one, the true|false flags)."""
+    return {name: None if action.nargs == "?" else action.nargs != 0
+            for name, action in parser._option_string_actions.items()}
+
+
 def load_config(argv: list[str] | None = None, environ=None) -> tuple[ServerConfig, list[str]]:
     """Defaults < environment < command line; bad values exit with status 2. Returns warnings too."""
     parser = build_parser()
-    _refuse_foreign_flags(parser, sys.argv[1:] if argv is None else argv)
+    try:
+        argv, notes = translate(sys.argv[1:] if argv is None else list(argv), _takes_value(parser))
+    except LaunchError as exc:
+        parser.error(str(exc))
     args = parser.parse_args(argv)
     try:
-        values, notes = env_values(environ)
+        values, env_notes = env_values(environ)
+        notes += env_notes
     except ValueError as exc:
         parser.error(str(exc))
     for name, text in vars(args).items():
@@ -77,23 +103,6 @@ def load_config(argv: list[str] | None = None, environ=None) -> tuple[ServerConf
     if config.hf_api_token is not None:
         notes.append("--hf-api-token (HF_API_TOKEN) is deprecated, as in TEI: use --hf-token (HF_TOKEN)")
     return config, notes
-
-
-# Flags of other servers that a user may carry over, with what to use here instead.
-_FOREIGN_FLAGS = {
-    "--device-id": "--device-id is Infinity's flag; radixserve serves one model on one device: use "
-                   "--device cuda:N (e.g. --device cuda:0), or CUDA_VISIBLE_DEVICES=N with --device cuda",
-}
-
-
-def _refuse_foreign_flags(parser: argparse.ArgumentParser, argv: list[str]) -> None:
-    """Exit 2 with a pointer to our own flag, rather than argparse's bare 'unrecognized arguments'."""
-    for arg in argv:
-        if arg == "--":
-            return
-        pointer = _FOREIGN_FLAGS.get(arg.split("=", 1)[0])
-        if pointer:
-            parser.error(pointer)
 
 
 def _derive_client_batch_size(values: dict) -> list[str]:
@@ -167,11 +176,11 @@ def metrics_listener(config: ServerConfig, app) -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
+    config, notes = load_config(argv)  # before torch and the model code: a bad flag returns at once
     from server.app import create_app, load_runner
     from server.http import listener, tracing
     from server.http.logs import setup_logging
 
-    config, notes = load_config(argv)
     setup_logging(json_output=config.json_output)
     for note in notes:
         log.warning(note)
@@ -180,6 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     log.info("loading %s", config.model_id)
     try:
         runner = load_runner(config)
+        config.check_kind(runner.kind)
         app = create_app(config, runner=runner)
         sockets = listener.bind_sockets(hostname=config.hostname, port=config.port, uds_path=config.uds_path)
         side = metrics_listener(config, app)

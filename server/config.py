@@ -21,7 +21,7 @@ import typing
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Mapping
 
-from models.options import POOLINGS, RADIX_ATTENTION, TREE_ATTENTION, check_radix_mlp_threshold
+from models.options import POOLINGS, RADIX_ATTENTION, TREE_ATTENTION, check_radix_mlp_threshold, parse_cache_size
 
 DEFAULT_MODEL_ID = "Qwen/Qwen3-Embedding-0.6B"
 
@@ -29,15 +29,22 @@ DEFAULT_MODEL_ID = "Qwen/Qwen3-Embedding-0.6B"
 # `--api-key none` must never silently turn authentication off.
 _NO_KEY = frozenset({"", "none", "null", "nil", "false", "no", "off", "0"})
 
+# vLLM's pooling tasks -> the model kind that serves them here (a reranker's head gives the score).
+TASK_KINDS = {"embed": "embedding", "classify": "reranker", "score": "reranker", "reward": "reranker"}
+TASKS = tuple(TASK_KINDS)
+
 
 def option(default, help: str, *, choices: tuple[str, ...] = (), short: str | None = None,
-           secret: bool = False, minimum: float | None = None, inert: str | None = None):
+           secret: bool = False, minimum: float | None = None, inert: str | None = None,
+           aliases: tuple[str, ...] = ()):
     """A config field with its CLI metadata.
 
     ``inert``: why the flag is accepted (TEI compatibility) but has no effect here; setting it
-    logs that reason at start. ``secret``: kept out of repr and the start-up log.
+    logs that reason at start. ``secret``: kept out of repr and the start-up log. ``aliases``: other
+    spellings users type (the parser takes no abbreviations, so each is spelled out).
     """
-    meta = {"help": help, "choices": choices, "short": short, "secret": secret, "minimum": minimum, "inert": inert}
+    meta = {"help": help, "choices": choices, "short": short, "secret": secret, "minimum": minimum, "inert": inert,
+            "aliases": aliases}
     return field(default=default, repr=not secret, metadata=meta)
 
 
@@ -45,10 +52,18 @@ def option(default, help: str, *, choices: tuple[str, ...] = (), short: str | No
 class ServerConfig:
     """What ``radixserve`` was asked to serve, and with which limits."""
 
-    model_id: str = option(DEFAULT_MODEL_ID, "hub id (downloaded and cached) or local checkpoint directory")
+    model_id: str = option(DEFAULT_MODEL_ID, "hub id (downloaded and cached) or local checkpoint directory",
+                           aliases=("--model",))
     revision: str | None = option(None, "hub revision (branch, tag or commit)")
-    served_model_name: str | None = option(None, "name reported by /info and the /v1 routes (default: the model id)")
-    hostname: str = option("0.0.0.0", "listen address (a HOSTNAME variable that is not an IP address is ignored)")
+    served_model_name: str | None = option(
+        None, "name reported by /info and the /v1 routes (default: the model id); comma-separated: the first is "
+              "reported, each is accepted as a request's model")
+    model_task: str | None = option(
+        None, "what the model must serve (vLLM's --task, --runner, --convert): embed (an embedding model), or classify, score or "
+              "reward (a reranker's score head); a checkpoint of the other kind is refused at start",
+        choices=TASKS)
+    hostname: str = option("0.0.0.0", "listen address (a HOSTNAME variable that is not an IP address is ignored)",
+                           aliases=("--host",))
     port: int = option(8080, "listen port", short="-p", minimum=0)
     uds_path: str | None = option(None, "also serve the HTTP API on this unix domain socket")
     device: str | None = option(None, "cuda, cuda:N or cpu (default: cuda if available)")
@@ -86,6 +101,9 @@ class ServerConfig:
     pooling: str | None = option(None, "default: from the checkpoint", choices=POOLINGS)
     default_prompt_name: str | None = option(None, "embedding prompt name (a key of the model's prompts)")
     default_prompt: str | None = option(None, "embedding prompt text prepended to every input")
+    allow_token_ids: bool = option(
+        False, "accept token ids as /v1/embeddings input, read as this model's tokenizer's ids (off: 422 naming "
+               "the fix, since LangChain's OpenAIEmbeddings sends tiktoken's ids by default)")
     api_key: str | None = option(None, "require 'Authorization: Bearer KEY' on inference routes (unset: no auth)",
                                  secret=True)
     payload_limit: int = option(2_000_000, "bytes per request body", minimum=1)
@@ -150,14 +168,28 @@ class ServerConfig:
                 f"--max-concurrent-requests ({self.max_concurrent_requests}) is smaller than "
                 f"--max-client-batch-size ({self.max_client_batch_size}): a request with that many inputs "
                 "could never be admitted. Raise --max-concurrent-requests or lower --max-client-batch-size")
-        from models.prefix_cache import capacity_tokens
-
-        capacity_tokens(self.prefix_cache_size, 1)  # raises on a malformed size
+        parse_cache_size(self.prefix_cache_size)  # raises on a malformed size (no torch import: flags come first)
 
     @property
     def model_name(self) -> str:
         """The name reported by /info and the /v1 routes."""
-        return self.served_model_name or self.model_id
+        return self.model_names[0]
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Every name a request's ``model`` may give: the served names (the first is reported), else the model id."""
+        names = tuple(n.strip() for n in (self.served_model_name or "").split(",") if n.strip())
+        return names or (self.model_id,)
+
+    def check_kind(self, kind: str) -> None:
+        """Refuse a checkpoint whose kind cannot serve ``--model-task`` (known only once it is loaded)."""
+        if self.model_task is not None and TASK_KINDS[self.model_task] != kind:
+            want = TASK_KINDS[self.model_task]
+            fits = "embed" if kind == "embedding" else "score (or classify, reward)"
+            raise ValueError(
+                f"--model-task (vLLM's --task) {self.model_task} needs {'an' if want == 'embedding' else 'a'} "
+                f"{want} model, but {self.model_id} is {'an' if kind == 'embedding' else 'a'} {kind}: give "
+                f"{fits}, or leave it out")
 
     @property
     def hub_token(self) -> str | None:

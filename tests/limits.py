@@ -44,7 +44,7 @@ def main() -> None:
 
     def server(preset: str) -> ServerThread:
         model_dir = str(fixtures.cached(preset))
-        return serve(model_dir, max_client_batch_size=64, max_input_length=512)
+        return serve(model_dir, max_client_batch_size=64, max_input_length=512, allow_token_ids=True)
 
     words = "lorem ipsum dolor sit amet "
     docs = [f"document {i} about something" for i in range(64)]

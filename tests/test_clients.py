@@ -12,6 +12,7 @@ import httpx
 import numpy as np
 import pytest
 
+from tests.client_checks import CACHE_ATOL, assert_ranked, dot_atol
 from tests.serving import ServerThread, serve
 
 TEXTS = [
@@ -60,11 +61,11 @@ def test_openai_sdk(emb):
     client = openai.OpenAI(base_url=emb.url + "/v1", api_key="unused", max_retries=0)
     want = native_embed(emb, TEXTS)
     floats = client.embeddings.create(model="tiny", input=TEXTS, encoding_format="float")
-    np.testing.assert_allclose([d.embedding for d in floats.data], want, atol=1e-6)
+    np.testing.assert_allclose([d.embedding for d in floats.data], want, atol=CACHE_ATOL)
     b64 = client.embeddings.create(model="tiny", input=TEXTS)  # the SDK asks for base64 and decodes it
-    np.testing.assert_allclose([d.embedding for d in b64.data], want, atol=1e-6)
+    np.testing.assert_allclose([d.embedding for d in b64.data], want, atol=CACHE_ATOL)
     dims = client.embeddings.create(model="tiny", input=TEXTS, dimensions=16)
-    np.testing.assert_allclose([d.embedding for d in dims.data], native_embed(emb, TEXTS, dimensions=16), atol=1e-6)
+    np.testing.assert_allclose([d.embedding for d in dims.data], native_embed(emb, TEXTS, dimensions=16), atol=CACHE_ATOL)
     assert [m.id for m in client.models.list()] == ["tiny"]
     assert client.models.retrieve("tiny").id == "tiny"
     with pytest.raises(openai.NotFoundError):
@@ -75,39 +76,32 @@ def test_huggingface_inference_client(emb):
     hub = pytest.importorskip("huggingface_hub")
     want = native_embed(emb, TEXTS[:1])
     root = hub.InferenceClient(base_url=emb.url)
-    np.testing.assert_allclose(np.asarray(root.feature_extraction(TEXTS[0])).reshape(want.shape), want, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(root.feature_extraction(TEXTS[0])).reshape(want.shape), want, atol=CACHE_ATOL)
     at_embed = hub.InferenceClient(model=emb.url + "/embed")
-    np.testing.assert_allclose(np.asarray(at_embed.feature_extraction(TEXTS[0])).reshape(want.shape), want, atol=1e-6)
+    np.testing.assert_allclose(np.asarray(at_embed.feature_extraction(TEXTS[0])).reshape(want.shape), want, atol=CACHE_ATOL)
     sims = root.sentence_similarity(TEXTS[0], other_sentences=TEXTS[1:])
     e = native_embed(emb, TEXTS)
-    np.testing.assert_allclose(sims, e[1:] @ e[0], atol=1e-5)
+    np.testing.assert_allclose(sims, e[1:] @ e[0], atol=dot_atol(e.shape[1]))
 
 
 def test_cohere_v2(emb, rr):
     cohere = pytest.importorskip("cohere")
     ranked = cohere.ClientV2(api_key="unused", base_url=rr.url).rerank(model="tiny", query=QUERY, documents=DOCS, top_n=2)
-    native = native_rerank(rr, QUERY, DOCS)
-    best = sorted(native, key=lambda i: -native[i])[:2]
-    assert [r.index for r in ranked.results] == best
-    for r in ranked.results:
-        assert r.relevance_score == pytest.approx(native[r.index], abs=1e-6)
+    assert_ranked([(r.index, r.relevance_score) for r in ranked.results], native_rerank(rr, QUERY, DOCS), 2)
     client = cohere.ClientV2(api_key="unused", base_url=emb.url)
     out = client.embed(texts=TEXTS, model="tiny", input_type="search_query", embedding_types=["float", "base64"])
     want = native_embed(emb, TEXTS, prompt_name="query")
-    np.testing.assert_allclose(out.embeddings.float_, want, atol=1e-6)
+    np.testing.assert_allclose(out.embeddings.float_, want, atol=CACHE_ATOL)
     docs = client.embed(texts=TEXTS, model="tiny", input_type="search_document", embedding_types=["float"])
-    np.testing.assert_allclose(docs.embeddings.float_, native_embed(emb, TEXTS), atol=1e-6)
+    np.testing.assert_allclose(docs.embeddings.float_, native_embed(emb, TEXTS), atol=CACHE_ATOL)
 
 
 def test_cohere_v1(emb, rr):
     cohere = pytest.importorskip("cohere")
     ranked = cohere.Client(api_key="unused", base_url=rr.url).rerank(model="tiny", query=QUERY, documents=DOCS)
-    native = native_rerank(rr, QUERY, DOCS)
-    assert [r.index for r in ranked.results] == sorted(native, key=lambda i: -native[i])
-    for r in ranked.results:
-        assert r.relevance_score == pytest.approx(native[r.index], abs=1e-6)
+    assert_ranked([(r.index, r.relevance_score) for r in ranked.results], native_rerank(rr, QUERY, DOCS), len(DOCS))
     out = cohere.Client(api_key="unused", base_url=emb.url).embed(texts=TEXTS, model="tiny", input_type="search_query")
-    np.testing.assert_allclose(out.embeddings, native_embed(emb, TEXTS, prompt_name="query"), atol=1e-6)
+    np.testing.assert_allclose(out.embeddings, native_embed(emb, TEXTS, prompt_name="query"), atol=CACHE_ATOL)
 
 
 def test_langchain_openai_embeddings_defaults_on_1000_documents(emb):
@@ -120,16 +114,16 @@ def test_langchain_openai_embeddings_defaults_on_1000_documents(emb):
     got = np.asarray(model.embed_documents(docs), dtype=np.float32)
     assert got.shape[0] == 1000
     pick = [0, 1, 517, 999]
-    np.testing.assert_allclose(got[pick], native_embed(emb, [docs[i] for i in pick]), atol=1e-6)
-    np.testing.assert_allclose(model.embed_query(QUERY), native_embed(emb, [QUERY])[0], atol=1e-6)
+    np.testing.assert_allclose(got[pick], native_embed(emb, [docs[i] for i in pick]), atol=CACHE_ATOL)
+    np.testing.assert_allclose(model.embed_query(QUERY), native_embed(emb, [QUERY])[0], atol=CACHE_ATOL)
 
 
 def test_llama_index_tei_embedding(emb):
     tei = pytest.importorskip("llama_index.embeddings.text_embeddings_inference")
     model = tei.TextEmbeddingsInference(model_name="tiny", base_url=emb.url, timeout=120)
-    np.testing.assert_allclose(model.get_text_embedding(TEXTS[1]), native_embed(emb, [TEXTS[1]])[0], atol=1e-6)
+    np.testing.assert_allclose(model.get_text_embedding(TEXTS[1]), native_embed(emb, [TEXTS[1]])[0], atol=CACHE_ATOL)
     got = model.get_text_embedding_batch(TEXTS)
-    np.testing.assert_allclose(got, native_embed(emb, TEXTS), atol=1e-6)
+    np.testing.assert_allclose(got, native_embed(emb, TEXTS), atol=CACHE_ATOL)
 
 
 def test_haystack_tei_sparse_embedder_gets_a_clear_error(emb):

@@ -103,6 +103,7 @@ def documented_flags() -> dict[str, list[str]]:
 def test_every_flag_of_radixserve_help_is_documented_and_no_other(monkeypatch):
     fields = {flag_name(f.name): f for f in dataclasses.fields(ServerConfig)}
     shorts = {f.metadata["short"] for f in fields.values() if f.metadata["short"]}
+    shorts |= {alias for f in fields.values() for alias in f.metadata["aliases"]}  # spelled-out aliases
     rows = documented_flags()
     documented = set(rows) | {s for row in rows.values() for s in code_spans(row[0])[1:]}
     assert help_flags(monkeypatch) == set(fields) | shorts, "radixserve --help and ServerConfig disagree"
@@ -116,7 +117,7 @@ def test_each_documented_flag_says_its_variable_default_and_choices():
     for f in dataclasses.fields(ServerConfig):
         flag, meta = flag_name(f.name), f.metadata
         cell_flags, cell_env, cell_default, cell_meaning = rows[flag]
-        assert code_spans(cell_flags)[1:] == ([meta["short"]] if meta["short"] else []), flag
+        assert code_spans(cell_flags)[1:] == ([meta["short"]] if meta["short"] else []) + list(meta["aliases"]), flag
         assert code_spans(cell_env) == [env_var(f.name)], flag
         want = rendered_default(f)
         if want is None:

@@ -189,7 +189,8 @@ def test_request_larger_than_budget_is_split_in_order():
     assert [s for b in batches for s in b] == items
     assert all(np.array_equal(o, expected(i)) for i, o in zip(items, res.outputs))
     forward = max(end - start for start, end in runner.run_times)  # the slowest of its batches
-    assert forward <= res.inference_time_s < forward + 0.05
+    # the max over its batches, not their sum (no wall-time margin: a busy machine stretches each)
+    assert forward <= res.inference_time_s < sum(end - start for start, end in runner.run_times)
 
 
 def test_cancelled_entries_are_dropped():

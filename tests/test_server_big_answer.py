@@ -2,10 +2,12 @@
 checkpoint (hidden 1024, one layer) answers 2048 inputs (a 2048 x 1024 float JSON body, ~44 MB)
 while /health is probed every 20 ms and one-input requests run back to back.
 
-Generous bounds (measured figures: docs/decisions.md, "Answers rendered off the loop"): every /health probe
-answered while the answer was rendered and sent took under 250 ms (before the answer was rendered
-off the loop it took seconds), and a one-input request's front-end time (its latency less its queue
-and forward time) during the big answer stays within its own cost alone plus a margin.
+No wall-time bound (a busy machine stretches every figure; measured ones are in
+docs/decisions.md, "Answers rendered off the loop"): each bound is a share of the big answer's own rendering-and-sending window,
+measured in the same run. Rendered on the event loop, the answer held every /health probe and
+every small request for that whole window; rendered off it, the slowest probe answered while it was
+rendered and sent, and the median one-input request's front-end time (its latency less its queue
+and forward time), stay under half of it.
 """
 from __future__ import annotations
 
@@ -32,6 +34,6 @@ def test_health_and_a_small_request_stay_fast_while_a_2048x1024_answer_is_render
         srv.wait(30)
     assert fig["big_status"] == 200 and fig["big_bytes"] > 2048 * 1024 * 10
     assert fig["health_while_rendering_n"] >= 1, fig
-    assert fig["health_while_rendering_max_ms"] <= 250, fig
-    alone = fig["one_input_front_alone_p50_ms"]
-    assert fig["one_input_front_during_p50_ms"] <= 2 * alone + 50, fig
+    window_ms = (fig["big_s"] - fig["big_outputs_after_s"]) * 1e3  # rendering and sending the answer
+    assert fig["health_while_rendering_max_ms"] < window_ms / 2, fig
+    assert fig["one_input_front_during_p50_ms"] < window_ms / 2, fig

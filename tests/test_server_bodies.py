@@ -25,7 +25,8 @@ def peak_growth_mb(fn) -> float:
 @pytest.fixture(scope="module")
 def srv(tiny_embedding_dir):
     runner = cached_runner(str(tiny_embedding_dir))
-    config = ServerConfig(model_id=str(tiny_embedding_dir), max_input_length=64, max_client_batch_size=64)
+    config = ServerConfig(model_id=str(tiny_embedding_dir), max_input_length=64, max_client_batch_size=64,
+                          allow_token_ids=True)  # id lists are among the hostile bodies
     with ServerThread(create_app(config, runner=runner)) as s:
         yield s
 

@@ -67,7 +67,8 @@ def _start(runner, tiny_embedding_dir, **overrides) -> ServerThread:
 def servers(runner, tiny_embedding_dir):
     paper = dataclasses.replace(runner, radix_attention="paper")
     started = {
-        "compact": _start(runner, tiny_embedding_dir, radix_mlp_threshold=1.0, max_client_batch_size=16),
+        "compact": _start(runner, tiny_embedding_dir, radix_mlp_threshold=1.0, max_client_batch_size=16,
+                          allow_token_ids=True),
         "paper": _start(paper, tiny_embedding_dir, radix_mlp_threshold=1.0),
         "off": _start(runner, tiny_embedding_dir, radix_mlp_threshold=0.0),
     }
@@ -106,15 +107,16 @@ def test_openai_sdk(srv, tok, oracle):
     import openai
 
     client = openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0)
-    one = client.embeddings.create(model="anything", input=TEXTS[0])  # SDK asks for base64
-    assert one.object == "list" and one.model == str(srv_model_id(srv)) and len(one.data) == 1
+    name = str(srv_model_id(srv))
+    one = client.embeddings.create(model=name, input=TEXTS[0])  # SDK asks for base64
+    assert one.object == "list" and one.model == name and len(one.data) == 1
     np.testing.assert_allclose(one.data[0].embedding, _unit(oracle(tok.encode(TEXTS[0]).ids)), atol=1e-4, rtol=0)
     assert one.usage.prompt_tokens == one.usage.total_tokens == len(tok.encode(TEXTS[0]).ids)
-    many = client.embeddings.create(model="m", input=TEXTS[:3], dimensions=8)
+    many = client.embeddings.create(model=name, input=TEXTS[:3], dimensions=8)
     assert [d.index for d in many.data] == [0, 1, 2]
     for d, text in zip(many.data, TEXTS[:3]):
         np.testing.assert_allclose(d.embedding, _unit(oracle(tok.encode(text).ids)[:8]), atol=1e-4, rtol=0)
-    floats = client.embeddings.create(model="m", input=TEXTS[1], encoding_format="float")
+    floats = client.embeddings.create(model=name, input=TEXTS[1], encoding_format="float")
     np.testing.assert_allclose(floats.data[0].embedding, _unit(oracle(tok.encode(TEXTS[1]).ids)), atol=1e-4, rtol=0)
 
 

@@ -20,7 +20,7 @@ def srv(tiny_embedding_dir):
     runner = cached_runner(str(tiny_embedding_dir))
     config = ServerConfig(
         model_id=str(tiny_embedding_dir), max_client_batch_size=4, max_input_length=64, auto_truncate=False,
-        payload_limit=4096,
+        payload_limit=4096, allow_token_ids=True,  # the id checks below are the vocabulary's
     )
     with ServerThread(create_app(config, runner=runner)) as s:
         yield s
@@ -80,7 +80,7 @@ JSON_CASES = [
     ("/v1/embeddings", {"input": [1.5, 2]}, 422),
     ("/v1/embeddings", {"input": ["a", 1]}, 422),
     ("/v1/embeddings", {"input": "x", "encoding_format": "int8"}, 422),
-    ("/v1/embeddings", {"input": "x", "dimensions": 0}, 422),
+    ("/v1/embeddings", {"input": "x", "dimensions": -1}, 422),
     ("/v1/embeddings", {"input": ["a"] * 5}, 422),
     ("/v1/embeddings", {"input": list(range(1, 100))}, 422),
     ("/embeddings", {"input": 3}, 422),
@@ -150,7 +150,8 @@ def test_api_key(keyed):
     assert httpx.get(url + "/info").status_code == 200
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=url + "/v1", api_key="wrong", max_retries=0).embeddings.create(model="m", input="x")
-    ok = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0).embeddings.create(model="m", input="x")
+    name = httpx.get(url + "/info").json()["served_model_name"]
+    ok = openai.OpenAI(base_url=url + "/v1", api_key="s3cret", max_retries=0).embeddings.create(model=name, input="x")
     assert len(ok.data) == 1
 
 

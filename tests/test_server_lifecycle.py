@@ -41,7 +41,7 @@ class Proc:
         limit = None if open_files is None else (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files)))
         self.proc = subprocess.Popen(cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                      preexec_fn=limit)
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 600  # catches a hang only: a busy 2-core box took minutes
         while True:
             assert self.proc.poll() is None, self.proc.stdout.read()
             try:

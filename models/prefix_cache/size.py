@@ -13,16 +13,14 @@ Invariant: every rule answers (tokens, why) and `why` carries the numbers it use
 from __future__ import annotations
 
 import os
-import re
 
 import torch
+
+from models.options import CACHE_SIZE_UNITS, parse_cache_size
 
 DEFAULT_SIZE = "auto"
 AUTO_DEVICE_FRACTION = 0.7
 AUTO_HOST_FRACTION, AUTO_HOST_BYTES, AUTO_HOST_TOKENS = 0.25, 4 << 30, 65536
-_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]*)\s*$")
 
 
 def bytes_per_token(*, layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
@@ -40,18 +38,13 @@ def capacity_tokens(size: str | int, per_token: int) -> int:
     "auto" here is the host rule (`auto_host_tokens` with the RAM available now); a CUDA runner
     sizes `auto` with `auto_device_tokens` after its warm-up instead.
     """
-    if is_auto(size):
+    parsed = parse_cache_size(size)
+    if parsed is None:
         return auto_host_tokens(per_token, available_host_bytes())[0]
-    text = str(size).strip().lower()
-    m = _SIZE.match(text)
-    if m is None:
-        raise ValueError(f"prefix cache size must look like 512MiB, 2GB, 8192tokens or 0, got {size!r}")
-    value, unit = float(m.group(1)), m.group(2)
-    if unit in ("token", "tokens"):
+    value, unit = parsed
+    if unit == "tokens":
         return int(value)
-    if unit not in _UNITS:
-        raise ValueError(f"unknown unit {unit!r} in prefix cache size {size!r}")
-    return int(value * _UNITS[unit]) // per_token
+    return int(value * CACHE_SIZE_UNITS[unit]) // per_token
 
 
 def auto_host_tokens(per_token: int, available: int) -> tuple[int, str]:

@@ -29,6 +29,7 @@ KINDS: dict[str, tuple[int, str, str, str]] = {
     "wrong_model": (400, "Validation", "invalid_request_error", "wrong_model_type"),
     "unauthorized": (401, "Unauthorized", "authentication_error", "invalid_api_key"),
     "not_found": (404, "NotFound", "invalid_request_error", "not_found"),
+    "model_not_found": (404, "NotFound", "invalid_request_error", "model_not_found"),
     "method": (405, "Validation", "invalid_request_error", "method_not_allowed"),
     "timeout": (408, "Timeout", "invalid_request_error", "request_timeout"),
     "too_large": (413, "PayloadTooLarge", "invalid_request_error", "payload_too_large"),

@@ -95,10 +95,15 @@ class CohereRoutes:
         self.max_items = service.limits.max_client_batch_size
 
     async def embed(self, request: Request, *, version: str) -> Response:
-        service = self.service
-        call = service.begin(f"cohere_embed_v{version}")
-        service.require("embedding", request.url.path)
+        call = self.service.begin(f"cohere_embed_v{version}")
+        self.service.require("embedding", request.url.path)
         body = await parse_body(request, CohereEmbedRequest, max_items=self.max_items)
+        return await self.answer_embed(request, body, call, version=version)
+
+    async def answer_embed(self, request: Request, body: CohereEmbedRequest, call: Call, *,
+                           version: str) -> Response:
+        """Cohere's embed answer to a parsed body (also POST / given Cohere's body: server/routes/tei.py)."""
+        service = self.service
         if body.images is not None or body.inputs is not None:
             raise ApiError("validation", "images and inputs are not supported; send texts")
         if body.texts is None:

@@ -1,4 +1,4 @@
-"""Infinity's rerank dialect under its own prefix: POST /infinity/rerank.
+"""Infinity's dialect: POST /infinity/rerank, and GET /models (also /infinity/models).
 
 Infinity answers a returned document as a plain string (``"document": "text"``), where Cohere,
 Jina and vLLM answer an object (``"document": {"text": "text"}``), for the same request body on
@@ -9,7 +9,9 @@ So /rerank and /v1/rerank keep the object, and Infinity's clients point their ba
 ``--url-prefix`` moves its routes. Answer: {object: "rerank", results: [{relevance_score, index,
 document?}], model, usage: {prompt_tokens, total_tokens}, id, created}, sorted by relevance,
 descending (ties in input order), cut to ``top_n``; ``raw_scores`` answers the raw logit
-difference instead of its sigmoid.
+difference instead of its sigmoid. /models answers Infinity's list: OpenAI's model objects with
+its ``backend`` and ``capabilities`` (``embed`` or ``rerank``: what the loaded model serves), which
+its client reads to pick a model.
 """
 from __future__ import annotations
 
@@ -36,6 +38,13 @@ class InfinityRoutes:
         self.service = service
         self.model_name = model_name
         self.max_items = service.limits.max_client_batch_size
+        capability = "rerank" if service.runner.kind == "reranker" else "embed"
+        self.model = {"id": model_name, "object": "model", "owned_by": "radixserve", "created": int(time.time()),
+                      "backend": "torch", "capabilities": [capability], "stats": {}}
+
+    async def models(self) -> dict:
+        """Infinity's model list: the one served model and what it can do."""
+        return {"object": "list", "data": [self.model]}
 
     async def rerank(self, request: Request) -> Response:
         """Infinity rerank: query + documents -> {object, results[{relevance_score, index, document?}], ...}."""
@@ -70,4 +79,6 @@ def build_router(service: Service, *, model_name: str) -> APIRouter:
     tags: list[str | Enum] = ["Infinity"]
     router.add_api_route(f"{PREFIX}/rerank", infinity.rerank, methods=["POST"], response_model=InfinityRerankResponse,
                          tags=tags, openapi_extra=openapi_body(InfinityRerankRequest))
+    for path in ("/models", f"{PREFIX}/models"):
+        router.add_api_route(path, infinity.models, methods=["GET"], tags=tags, summary="Models (Infinity)")
     return router

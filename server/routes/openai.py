@@ -1,7 +1,13 @@
 """OpenAI's dialect: POST /v1/embeddings (alias /embeddings), GET /v1/models and /v1/models/{id}.
 
 Embeddings: input str | [str] | [int] | [[int]]; vectors are always L2-normalized, Matryoshka
-``dimensions`` cut first; base64 is the little-endian float32 bytes, which the OpenAI SDK decodes.
+``dimensions`` cut first (0, which Infinity's client always sends, is the full size); base64 is the
+little-endian float32 bytes, which the OpenAI SDK decodes. A ``model`` other than the served
+names, the model id or Infinity's client's "default/not-specified" answers 404 ``model_not_found``,
+as vLLM answers an unknown model (a client configured with another name would otherwise get
+another model's vectors in silence); no ``model`` is served. Token ids are read as this model's
+tokenizer's ids, so they are refused unless --allow-token-ids: LangChain's OpenAIEmbeddings sends
+tiktoken's cl100k ids by default, which would embed other text without an error.
 Models: the id is --served-model-name (default: the model id); ``created`` is when the server
 started, so a client that caches the list sees a restart. An unknown id answers 404 in OpenAI's
 error shape (``NotFoundError`` in the SDK).
@@ -30,12 +36,19 @@ def as_list(input: str | list[str] | list[int] | list[list[int]]) -> list:
     return input
 
 
+# The model name Infinity's own client sends unless told: Infinity serves its default model.
+INFINITY_DEFAULT_MODEL = "default/not-specified"
+
+
 class OpenAIRoutes:
     """The OpenAI handlers of one app, bound to its service and the served model name."""
 
-    def __init__(self, service: Service, *, model_name: str) -> None:
+    def __init__(self, service: Service, *, model_name: str, names: tuple[str, ...] = (),
+                 allow_token_ids: bool = False) -> None:
         self.service = service
+        self.allow_token_ids = allow_token_ids
         self.model_name = model_name
+        self.names = frozenset((model_name, *names, INFINITY_DEFAULT_MODEL))
         self.model = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "radixserve"}
 
     async def openai_embeddings(self, request: Request) -> Response:
@@ -44,21 +57,41 @@ class OpenAIRoutes:
         call = service.begin("openai_embeddings")
         service.require("embedding", request.url.path)
         body = await parse_body(request, OpenAIEmbeddingRequest, max_items=service.limits.max_client_batch_size)
+        self.check_model(body.model)
         raw = as_list(body.input)
         service.check_inputs(len(raw), empty=any(len(x) == 0 for x in raw), what="input")
-        service.check_dimensions(body.dimensions)
+        dimensions = body.dimensions or None  # 0: the full size, as Infinity reads it
+        service.check_dimensions(dimensions)
         truncate = service.truncate(None)
         result: Embeddings
         if isinstance(raw[0], str):
             prompt = service.resolve_prompt(None)
             result = await service.embed(request, call, raw, prompt=prompt, truncate=truncate, direction="right",
-                                         dimensions=body.dimensions, normalize=True)
+                                         dimensions=dimensions, normalize=True)
         else:
-            result = await service.embed_ids(request, call, raw, truncate=truncate, dimensions=body.dimensions,
+            self.check_token_ids_allowed()
+            result = await service.embed_ids(request, call, raw, truncate=truncate, dimensions=dimensions,
                                              normalize=True)
         content = await render(lambda: self.render(result, encoding_format=body.encoding_format),
                                weight=result.vectors.size)
         return json_answer(content, result.usage.headers())
+
+    def check_model(self, model: str | None) -> None:
+        """404 for a model this server does not serve (vLLM's answer), naming the ones it does."""
+        if model is not None and model not in self.names:
+            raise ApiError(
+                "model_not_found",
+                f"The model `{model}` does not exist. This server serves `{self.model_name}`; send that name "
+                "(or start it with --served-model-name NAME[,NAME...] for the names your clients send)")
+
+    def check_token_ids_allowed(self) -> None:
+        if not self.allow_token_ids:
+            raise ApiError(
+                "validation",
+                "input holds token ids, which this server would read as its own tokenizer's ids; a client that "
+                "tokenizes with another tokenizer would get the vectors of other text. LangChain's OpenAIEmbeddings "
+                "does so by default (tiktoken's cl100k): give it check_embedding_ctx_length=False to send the texts. "
+                "Ids from this model's tokenizer (/tokenize) are served when the server runs with --allow-token-ids")
 
     def render(self, result: Embeddings, *, encoding_format: str) -> bytes:
         """The list object's JSON bytes (off the loop for a big answer: see the route)."""
@@ -86,8 +119,9 @@ class OpenAIRoutes:
         return self.model
 
 
-def build_router(service: Service, *, model_name: str) -> APIRouter:
-    openai = OpenAIRoutes(service, model_name=model_name)
+def build_router(service: Service, *, model_name: str, names: tuple[str, ...] = (),
+                 allow_token_ids: bool = False) -> APIRouter:
+    openai = OpenAIRoutes(service, model_name=model_name, names=names, allow_token_ids=allow_token_ids)
     router = APIRouter()
     router.add_api_route(
         "/v1/embeddings", openai.openai_embeddings, methods=["POST"], response_model=OpenAIEmbeddingResponse,

@@ -1,4 +1,4 @@
-"""Operations routes: GET /info, GET /health and GET /metrics.
+"""Operations routes: GET /info, GET /health, GET /metrics and vLLM's GET /version.
 
 /info answers the dict built once at start-up (server/service/info.py). /health answers 200 only
 while the scheduler's model worker is alive, so a load balancer takes a server with a dead worker
@@ -23,6 +23,10 @@ class OpsRoutes:
     async def get_info(self) -> dict:
         return self.info
 
+    async def get_version(self) -> dict:
+        """vLLM's /version: {"version": radixserve's version}."""
+        return {"version": self.info["version"]}
+
     async def health(self) -> Response:
         self.service.check_alive()
         return Response(status_code=200)
@@ -37,5 +41,6 @@ def build_router(service: Service, *, info: dict) -> APIRouter:
     router = APIRouter()
     router.add_api_route("/info", ops.get_info, methods=["GET"], response_model=InfoCompat, tags=["Info"])
     router.add_api_route("/health", ops.health, methods=["GET"], tags=["Info"])
+    router.add_api_route("/version", ops.get_version, methods=["GET"], tags=["Info"], summary="Version (vLLM)")
     router.add_api_route("/metrics", ops.metrics, methods=["GET"], tags=["Info"])
     return router

@@ -180,7 +180,8 @@ class OpenAIEmbeddingRequest(_Inference):
         return 1 if _input_shape(value) in ("text", "ids") else len(value) if isinstance(value, list) else 1
     model: StrictStr | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: StrictInt | None = Field(None, ge=1)
+    dimensions: StrictInt | None = Field(None, ge=0, description="Matryoshka: keep the first n dims; 0 (what "
+                                         "Infinity's client always sends): full size")
     user: StrictStr | None = None
 
 

@@ -29,8 +29,9 @@ from models import prompts
 from server.http.bodies import openapi_body, parse_body
 from server.http.errors import ApiError
 from server.routes.schemas import EmbedRequest, Rank, RerankRequest, SimpleToken, TokenizeRequest
-from server.routes.schemas_compat import (DecodeRequest, DocumentsRerankRequest, DocumentsRerankResponse, EmbedAllRequest,
-                                          SimilarityRequest)
+from server.routes.cohere import CohereRoutes
+from server.routes.schemas_compat import (CohereEmbedRequest, DecodeRequest, DocumentsRerankRequest,
+                                          DocumentsRerankResponse, EmbedAllRequest, SimilarityRequest)
 from server.service.core import Call, Service
 from server.service.encoding import RECORD_VALUES, dumps, float_array, json_answer, ragged_array, render
 from server.service.results import ranked
@@ -40,9 +41,24 @@ DISPATCHED = ("/", "/invocations")
 UNSERVED = {"/predict": "sequence classification models", "/embed_sparse": "SPLADE sparse embeddings"}
 
 
-def embedding_body(data: dict) -> type[EmbedRequest | SimilarityRequest]:
-    """POST / on an embedding model: /similarity's body when ``inputs`` is an object, else /embed's."""
+def embedding_body(data: dict) -> type[EmbedRequest | SimilarityRequest | CohereEmbedRequest]:
+    """POST / on an embedding model: /similarity's body when ``inputs`` is an object, Cohere's
+    embed body (``texts``, no ``inputs``: litellm's ``cohere/`` posts it to the base URL), else /embed's."""
+    if "texts" in data and "inputs" not in data:
+        return CohereEmbedRequest
     return SimilarityRequest if isinstance(data.get("inputs"), dict) else EmbedRequest
+
+
+def root_rerank_body(data: dict) -> type[RerankRequest | DocumentsRerankRequest]:
+    """POST / on a reranker: /rerank's body; ``inputs`` without a query (a text-classification or
+    feature-extraction call, e.g. huggingface_hub's) is refused naming the route to use."""
+    if "inputs" in data and "query" not in data:
+        raise ApiError(
+            "wrong_model",
+            "POST / on this server runs a reranker: it takes /rerank's body ({\"query\": ..., \"texts\": [...]} or "
+            "\"documents\"); a body of \"inputs\" asks for text classification or embeddings, which a reranker "
+            "does not serve: use POST /rerank (or /v1/rerank) with a query and documents")
+    return rerank_body(data)
 
 
 def rerank_body(data: dict) -> type[RerankRequest | DocumentsRerankRequest]:
@@ -68,6 +84,7 @@ class TeiRoutes:
         self.service = service
         self.model_name = model_name
         self.max_items = service.limits.max_client_batch_size
+        self.cohere = CohereRoutes(service, model_name=model_name)  # Cohere's embed body at POST /
 
     # -- answers shared by a route and the dispatch ----------------------------------------------
     async def answer_embed(self, request: Request, body: EmbedRequest, call: Call) -> Response:
@@ -128,11 +145,10 @@ class TeiRoutes:
 
         return json_answer(await render(build, weight=RECORD_VALUES * len(texts)), result.usage.headers())
 
-    async def answer_any_rerank(self, request: Request, call: Call) -> Response:
+    async def answer_any_rerank(self, request: Request, call: Call, pick=rerank_body) -> Response:
         """/rerank's body in either shape, answered in that shape's dialect."""
         # NOTE: ``pick`` may choose DocumentsRerankRequest; parse_body's typing knows one model only.
-        body = await parse_body(request, RerankRequest, max_items=self.max_items,
-                                pick=rerank_body)  # type: ignore[arg-type]
+        body = await parse_body(request, RerankRequest, max_items=self.max_items, pick=pick)
         if isinstance(body, DocumentsRerankRequest):
             return await self.answer_documents(request, body, call)
         return await self.answer_rerank(request, body, call)
@@ -175,17 +191,21 @@ class TeiRoutes:
 
     async def dispatch(self, request: Request) -> Response:
         if self.service.runner.kind == "reranker":
-            return await self.answer_any_rerank(request, self.service.begin("rerank"))
+            return await self.answer_any_rerank(request, self.service.begin("rerank"), pick=root_rerank_body)
         start = time.perf_counter()
-        parsed: EmbedRequest | SimilarityRequest | None = None
+        parsed: EmbedRequest | SimilarityRequest | CohereEmbedRequest | None = None
         try:
-            # NOTE: ``pick`` may choose SimilarityRequest; parse_body's typing knows one model only.
+            # NOTE: ``pick`` may choose another model; parse_body's typing knows one model only.
             parsed = await parse_body(request, EmbedRequest, max_items=self.max_items,
                                       pick=embedding_body)  # type: ignore[arg-type]
         finally:  # NOTE: counted once the shape is known (a body that does not parse counts as embed)
-            call = self.service.begin("similarity" if isinstance(parsed, SimilarityRequest) else "embed", start=start)
+            endpoint = ("similarity" if isinstance(parsed, SimilarityRequest) else
+                        "cohere_embed_v1" if isinstance(parsed, CohereEmbedRequest) else "embed")
+            call = self.service.begin(endpoint, start=start)
         if isinstance(parsed, SimilarityRequest):
             return await self.answer_similarity(request, parsed, call)
+        if isinstance(parsed, CohereEmbedRequest):
+            return await self.cohere.answer_embed(request, parsed, call, version="1")
         return await self.answer_embed(request, parsed, call)
 
     async def embed_all(self, request: Request) -> Response:
