@@ -34,6 +34,7 @@ from models.prefix_cache import DEFAULT_SIZE, PrefixCache, cache_refusal, capaci
 from models.prefix_setup import head_pooling, start_prefix_cache
 from models.qwen3 import AttentionOps, Qwen3Model
 from models import streams
+from models.registry import check_kind, resolve as resolve_family
 from models.radix import RadixIndex, build_index, positions_from_cu_seqlens
 from models.tree_attention import POLICIES as TREE_POLICIES, attach_tree
 from models.tree_select import TreeBackend, describe_tree, select_tree
@@ -308,9 +309,11 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     capacity_tokens(prefix_cache_size, 1)  # a malformed size fails before the weights load
     model_dir = resolve_model_dir(model_id, revision)
     cfg = ModelConfig.from_pretrained_dir(model_dir)
+    family = resolve_family(cfg.model_type, cfg.architectures)  # refuses what we would serve wrong
     device = torch.device(device) if device is not None else default_device()
     dtype = parse_dtype(dtype, device)
     kind = kind or detect_kind(model_dir, cfg)
+    check_kind(family, kind)
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
 
     backend = select_backend(device, dtype=dtype, heads=cfg.num_attention_heads,
