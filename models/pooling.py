@@ -14,36 +14,36 @@ from torch import Tensor
 
 from models.batch import ForwardBatch
 from models.options import POOLINGS
-from models.qwen3 import Qwen3Model
+from models.protocol import ScoringModel
 
 
-def pool(model: Qwen3Model, hidden: Tensor, batch: ForwardBatch, pooling: str) -> Tensor:
+def pool(model: ScoringModel, hidden: Tensor, batch: ForwardBatch, pooling: str) -> Tensor:
     """hidden [T, E] before the final norm -> [B, E] pooled, after the final norm."""
     if pooling == "last-token":
-        return model.norm(hidden.index_select(0, batch.last_rows))  # [B, E]
+        return model.final_norm(hidden.index_select(0, batch.last_rows))  # [B, E]
     if pooling == "cls":
-        return model.norm(hidden.index_select(0, batch.first_rows))  # [B, E]
+        return model.final_norm(hidden.index_select(0, batch.first_rows))  # [B, E]
     if pooling == "mean":
         if batch.mean_weights is None:
             raise ValueError("mean pooling needs a batch built with mean_pooling=True")
-        normed = model.norm(hidden).float()  # [T, E], T = N' in radix modes
+        normed = model.final_norm(hidden).float()  # [T, E], T = N' in radix modes
         return torch.sparse.mm(batch.mean_weights, normed)  # [B, E]
     raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
 
 
-def token_states(model: Qwen3Model, hidden: Tensor, rows: Tensor) -> Tensor:
+def token_states(model: ScoringModel, hidden: Tensor, rows: Tensor) -> Tensor:
     """hidden [T, E] before the final norm, rows [M] model rows -> [M, E] after the final norm.
 
     Per-token output (/embed_all): each original token reads its compact row (rows = the
     index's scatter for those tokens), so shared prefixes are computed once and copied out.
     """
-    return model.norm(hidden.index_select(0, rows))  # [M, E]
+    return model.final_norm(hidden.index_select(0, rows))  # [M, E]
 
 
-def rerank_logits(model: Qwen3Model, hidden: Tensor, batch: ForwardBatch, *,
+def rerank_logits(model: ScoringModel, hidden: Tensor, batch: ForwardBatch, *,
                   yes_id: int, no_id: int) -> Tensor:
     """[B] raw scores logit("yes") - logit("no") at each sequence's last token."""
-    h = model.norm(hidden.index_select(0, batch.last_rows))  # [B, E]
+    h = model.final_norm(hidden.index_select(0, batch.last_rows))  # [B, E]
     w = model.head_weight()
     # NOTE: row views by Python int: no index tensor built from host data (a blocking copy on
     # CUDA) inside the forward. Never the full vocabulary.

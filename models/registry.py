@@ -12,7 +12,13 @@ Heads, from the architecture's suffix (the class transformers would build):
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from models.attention_spec import AttentionSpec
+    from models.protocol import ScoringModel
 
 # model_type -> family module under models/families/ (importing torch is left to the caller)
 FAMILIES: dict[str, str] = {
@@ -74,3 +80,16 @@ def check_kind(entry: Entry, kind: str) -> None:
         raise UnsupportedArchitecture(
             f"architecture {entry.architecture or '(none: base model)'!r} serves "
             f"{' or '.join(entry.kinds)}, not {kind!r}")
+
+
+def build_model(entry: Entry, cfg: Any, ops: Any, *, rope_device: Any, lm_head: bool = False,
+                num_labels: int = 0) -> "ScoringModel":
+    """The family's model for `cfg` (models/families/<family>.py's `build`)."""
+    module = importlib.import_module(f"models.families.{entry.family}")
+    return module.build(cfg, ops, rope_device=rope_device, lm_head=lm_head, num_labels=num_labels)
+
+
+def family_spec(entry: Entry, cfg: Any) -> "AttentionSpec":
+    """What the family's attention needs of a backend for `cfg` (its `attention_spec`)."""
+    module = importlib.import_module(f"models.families.{entry.family}")
+    return module.attention_spec(cfg)

@@ -10,7 +10,6 @@ through the trie's scatter (never an uncompacted forward); their batch skips the
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +23,7 @@ from models.attention import to_device
 from models.attention_lse import select_cpu_kernel
 from models.attention_select import select_backend
 from models.batch import ForwardBatch, build_forward_batch
+from models.checkpoint_dir import detect_kind, detect_pooling, read_prompts, token_id
 from models.config import ModelConfig
 from models.linear import pack_linears
 from models.loader import (default_device, describe_memory, load_weights, memory_report, parse_dtype,
@@ -32,9 +32,10 @@ from models.options import KINDS, POOLINGS, RADIX_ATTENTION, check_radix_mlp_thr
 from models.pooling import pool, rerank_logits, token_states
 from models.prefix_cache import DEFAULT_SIZE, PrefixCache, cache_refusal, capacity_tokens
 from models.prefix_setup import head_pooling, start_prefix_cache
-from models.qwen3 import AttentionOps, Qwen3Model
+from models.layers import AttentionOps
+from models.protocol import ScoringModel
 from models import streams
-from models.registry import check_kind, resolve as resolve_family
+from models.registry import build_model, check_kind, family_spec, resolve as resolve_family
 from models.radix import RadixIndex, build_index, positions_from_cu_seqlens
 from models.tree_attention import POLICIES as TREE_POLICIES, attach_tree
 from models.tree_select import TreeBackend, describe_tree, select_tree
@@ -46,8 +47,7 @@ MAX_SEQS = 65535  # sequences per batch: CUDA attention kernels launch one grid 
 
 def _same(x: torch.Tensor) -> torch.Tensor:
     return x
-_POOLING_KEYS = (("pooling_mode_lasttoken", "last-token"), ("pooling_mode_mean_tokens", "mean"),
-                 ("pooling_mode_cls_token", "cls"))
+
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class Runner:
     model_id: str
     config: ModelConfig
     tokenizer: Tokenizer
-    model: Qwen3Model
+    model: ScoringModel
     device: torch.device
     dtype: torch.dtype
     pooling: str
@@ -246,42 +246,6 @@ class Runner:
         return streams.to_host((pooled, states), finish)
 
 
-def detect_kind(model_dir: Path, cfg: ModelConfig) -> str:
-    if (model_dir / "modules.json").is_file() or (model_dir / "config_sentence_transformers.json").is_file():
-        return "embedding"
-    if cfg.is_causal_lm:
-        return "reranker"
-    return "embedding"
-
-
-def detect_pooling(model_dir: Path) -> str:
-    path = model_dir / "1_Pooling" / "config.json"
-    if path.is_file():
-        conf = json.loads(path.read_text())
-        for key, name in _POOLING_KEYS:
-            if conf.get(key):
-                return name
-    return "last-token"
-
-
-def _prompts(model_dir: Path) -> tuple[dict[str, str], str | None]:
-    path = model_dir / "config_sentence_transformers.json"
-    if not path.is_file():
-        return {}, None
-    conf = json.loads(path.read_text())
-    return dict(conf.get("prompts") or {}), conf.get("default_prompt_name")
-
-
-def _token_id(tok: Tokenizer, word: str) -> int:
-    tid = tok.token_to_id(word)
-    if tid is None:
-        ids = tok.encode(word, add_special_tokens=False).ids
-        if len(ids) != 1:
-            raise ValueError(f"reranker needs {word!r} to be one token, got ids {ids}")
-        tid = ids[0]
-    return int(tid)
-
-
 def load_runner(model_id: str, *, revision: str | None = None, device=None, dtype=None,
                 radix_attention: str = "compact", pooling: str | None = None,
                 kind: str | None = None, radix_mlp_threshold: float = 0.95,
@@ -316,21 +280,23 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     check_kind(family, kind)
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
 
+    spec = family_spec(family, cfg)
     backend = select_backend(device, dtype=dtype, heads=cfg.num_attention_heads,
-                             kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+                             kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, spec=spec)
     log.info("attention backend %s on %s %s; not used: %s", backend.name, device,
              str(dtype).replace("torch.", ""),
              "; ".join(f"{k} ({v})" for k, v in backend.rejected.items()) or "none")
     tree_path, tree_rejected = select_tree(device, dtype=dtype, heads=cfg.num_attention_heads,
-                                           kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
+                                           kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
+                                           spec=spec)
     log.info("tree attention %s: %s", tree_attention,
              tree_path.name if tree_path else "no path (" + "; ".join(f"{k}: {v}" for k, v in tree_rejected.items()) + ")")
     ops = AttentionOps(backend, kernels.get_gather_rows(device), kernels.get_gather_rows_pair(device))
     yes_id = no_id = None
     if kind == "reranker":
-        yes_id, no_id = _token_id(tokenizer, "yes"), _token_id(tokenizer, "no")
+        yes_id, no_id = token_id(tokenizer, "yes"), token_id(tokenizer, "no")
     with torch.device("meta"):
-        model = Qwen3Model(cfg, ops, rope_device=device, lm_head=kind == "reranker")
+        model = build_model(family, cfg, ops, rope_device=device, lm_head=kind == "reranker")
         if yes_id is not None and no_id is not None:
             model.keep_head_rows((yes_id, no_id))  # the score reads these two rows only
     load_weights(model, model_dir, device=device, dtype=dtype, take_rows=model.head_rows())
@@ -340,7 +306,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     linear = _pack(model, device=device, dtype=dtype, wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
     cpu_attention = _cpu_attention(cfg, device=device, dtype=dtype, wanted=cpu_packed_weights)
 
-    prompts, default_prompt_name = _prompts(model_dir)
+    prompts, default_prompt_name = read_prompts(model_dir)
     pooling = pooling or detect_pooling(model_dir)
     max_positions = cfg.max_position_embeddings
     if cfg.sliding_window is not None:  # beyond the window our full causal attention is wrong
@@ -361,7 +327,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     return runner
 
 
-def _pack(model: Qwen3Model, *, device: torch.device, dtype: torch.dtype, wanted: bool,
+def _pack(model: ScoringModel, *, device: torch.device, dtype: torch.dtype, wanted: bool,
           keep_dense: bool) -> str:
     """Pack the linears where it pays (CPU float32); say at start which path runs and why."""
     if not wanted:
