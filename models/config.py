@@ -49,6 +49,8 @@ class ModelConfig:
     o_bias: bool  # bias on o_proj (Llama's attention_bias)
     mlp_bias: bool  # bias on gate/up/down (Llama's mlp_bias)
     sliding_window: int | None  # only when the model actually uses one
+    # a classification head's labels in row order (id2label; transformers' default is 2 labels)
+    labels: tuple[str, ...] = ()
 
     @property
     def is_causal_lm(self) -> bool:
@@ -97,6 +99,7 @@ class ModelConfig:
             o_bias=biased,
             mlp_bias=model_type == "llama" and bool(d.get("mlp_bias", False)),  # Llama only
             sliding_window=_sliding_window(d, model_type),
+            labels=_labels(d),
         )
 
 
@@ -125,6 +128,17 @@ def _rope(d: dict[str, Any]) -> tuple[float, RopeScaling]:
         high_freq_factor=float(spec.get("high_freq_factor", 4.0)),
         original_max_position_embeddings=int(spec.get("original_max_position_embeddings", 8192)),
     )
+
+
+def _labels(d: dict[str, Any]) -> tuple[str, ...]:
+    """id2label's names by row ({"0": "neg", ...}); LABEL_i for num_labels rows (default 2) without it."""
+    id2label = d.get("id2label")
+    if id2label:
+        rows = {int(k): str(v) for k, v in id2label.items()}
+        if sorted(rows) != list(range(len(rows))):
+            raise ValueError(f"id2label must name rows 0..{len(rows) - 1}, got {sorted(rows)}")
+        return tuple(rows[i] for i in range(len(rows)))
+    return tuple(f"LABEL_{i}" for i in range(int(d.get("num_labels", 2))))
 
 
 def _sliding_window(d: dict[str, Any], model_type: str) -> int | None:

@@ -54,6 +54,18 @@ def rerank_logits(model: ScoringModel, hidden: Tensor, batch: ForwardBatch, *,
     return logits[:, 0] - logits[:, 1]
 
 
+def classify_logits(model: ScoringModel, hidden: Tensor, batch: ForwardBatch) -> Tensor:
+    """[B, labels] fp32 logits of the `score` head at each sequence's last token.
+
+    NOTE: a ForSequenceClassification checkpoint reads the last non-pad token; our sequences are
+    unpadded, so that is each sequence's last row.
+    """
+    head = model.score_head()
+    assert head is not None  # load_runner builds it for every score-head kind
+    h = model.final_norm(hidden.index_select(0, batch.last_rows))  # [B, E]
+    return h.float() @ head.weight.float().t()  # [B, labels]
+
+
 def normalize(emb, dimensions: int | None = None):
     """Matryoshka: truncate [B, E] to `dimensions` first, then L2-normalise (torch or numpy)."""
     if dimensions is not None:

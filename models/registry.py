@@ -9,6 +9,8 @@ Heads, from the architecture's suffix (the class transformers would build):
 - "Model" (or no `architectures`): the base model; serves embeddings.
 - "ForCausalLM": the language model; serves embeddings (sentence-transformers checkpoints such as
   Qwen3-Embedding name this class too) or a yes/no reranker (the lm_head's two rows).
+- "ForSequenceClassification": a `score` head [labels, E] on the last token; one label serves a
+  reranker (the seq-cls conversions of Qwen3-Reranker) or a reward model, more a classifier.
 """
 from __future__ import annotations
 
@@ -31,7 +33,10 @@ FAMILIES: dict[str, str] = {
 HEADS: dict[str, tuple[str, ...]] = {
     "Model": ("embedding",),
     "ForCausalLM": ("embedding", "reranker"),
+    "ForSequenceClassification": ("classifier", "reranker", "reward"),
 }
+SCORE_HEAD = "ForSequenceClassification"
+SINGLE_SCORE_KINDS = ("reranker", "reward")  # kinds that read one score row of a `score` head
 
 
 class UnsupportedArchitecture(ValueError):
@@ -74,12 +79,25 @@ def resolve(model_type: str, architectures: tuple[str, ...]) -> Entry:
     return Entry(family=FAMILIES[model_type], architecture=arch, head=head, kinds=HEADS[head])
 
 
-def check_kind(entry: Entry, kind: str) -> None:
-    """Refuse a runner kind the checkpoint's head cannot serve (e.g. a reranker without lm_head)."""
+def default_kind(entry: Entry, labels: int) -> str | None:
+    """The kind a score head serves unless told: one label a reranker, more a classifier; None
+    for other heads (the checkpoint directory decides: models/checkpoint_dir.py)."""
+    if entry.head != SCORE_HEAD:
+        return None
+    return "reranker" if labels == 1 else "classifier"
+
+
+def check_kind(entry: Entry, kind: str, labels: int = 0) -> None:
+    """Refuse a runner kind the checkpoint's head cannot serve (e.g. a reranker without lm_head,
+    a reward model from a head of three labels)."""
     if kind not in entry.kinds:
         raise UnsupportedArchitecture(
             f"architecture {entry.architecture or '(none: base model)'!r} serves "
             f"{' or '.join(entry.kinds)}, not {kind!r}")
+    if entry.head == SCORE_HEAD and kind in SINGLE_SCORE_KINDS and labels != 1:
+        raise UnsupportedArchitecture(
+            f"a {kind} reads one score, but {entry.architecture!r} has {labels} labels; serve it "
+            f"as a classifier")
 
 
 def build_model(entry: Entry, cfg: Any, ops: Any, *, rope_device: Any, lm_head: bool = False,

@@ -29,13 +29,13 @@ from models.linear import pack_linears
 from models.loader import (default_device, describe_memory, load_weights, memory_report, parse_dtype,
                            resolve_model_dir)
 from models.options import KINDS, POOLINGS, RADIX_ATTENTION, check_radix_mlp_threshold, use_index
-from models.pooling import pool, rerank_logits, token_states
+from models.pooling import classify_logits, pool, rerank_logits, token_states
 from models.prefix_cache import DEFAULT_SIZE, PrefixCache, cache_refusal, capacity_tokens
 from models.prefix_setup import head_pooling, start_prefix_cache
 from models.layers import AttentionOps
 from models.protocol import ScoringModel
 from models import streams
-from models.registry import build_model, check_kind, family_spec, resolve as resolve_family
+from models.registry import SCORE_HEAD, build_model, check_kind, default_kind, family_spec, resolve as resolve_family
 from models.radix import RadixIndex, build_index, positions_from_cu_seqlens
 from models.tree_attention import POLICIES as TREE_POLICIES, attach_tree
 from models.tree_select import TreeBackend, describe_tree, select_tree
@@ -67,6 +67,7 @@ class PreparedBatch:
 
 @dataclass
 class Runner:
+    # "embedding" [B, E] | "reranker" [B] | "classifier" [B, labels] | "reward" [B] (docs/architecture.md)
     kind: str
     model_id: str
     config: ModelConfig
@@ -83,6 +84,8 @@ class Runner:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     yes_id: int | None = None
+    head: str = "pooling"  # what produces the output: "pooling", "yes-no" (lm_head rows), "score"
+    labels: tuple[str, ...] = ()  # a score head's labels, row order (id2label)
     no_id: int | None = None
     radix_mlp_threshold: float = 0.95  # the trie gate (models.options.use_index)
     prefix_cache: PrefixCache | None = None  # None: off (size 0, or a mode it cannot serve)
@@ -196,6 +199,9 @@ class Runner:
         return self._head(hidden, batch)
 
     def _head(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        if self.head == "score":
+            logits = classify_logits(self.model, hidden, batch)  # [B, labels]
+            return logits if self.kind == "classifier" else logits[:, 0]  # one score: [B]
         if self.kind == "reranker":
             assert self.yes_id is not None and self.no_id is not None  # load_runner sets both
             return rerank_logits(self.model, hidden, batch, yes_id=self.yes_id, no_id=self.no_id)
@@ -215,7 +221,7 @@ class Runner:
             with torch.inference_mode():
                 streams.await_copies(prepared.ready, streams.device_tensors(prepared), self.device)
                 if batch.num_seqs == 0:
-                    shape = (0,) if self.kind == "reranker" else (0, self.hidden_size)
+                    shape = self.output_shape(0)
                     out = torch.zeros(shape, dtype=torch.float32)
                 elif prepared.token_items:
                     out = self._run_tokens(prepared)
@@ -228,6 +234,12 @@ class Runner:
         if batch.cache is not None:
             batch.cache.commit()
         return out if self.defer_copies else streams.settled(out)
+
+    def output_shape(self, n: int) -> tuple[int, ...]:
+        """The shape of `run`'s pooled answer for n sequences."""
+        if self.kind == "classifier":
+            return (n, len(self.labels))
+        return (n, self.hidden_size) if self.kind == "embedding" else (n,)
 
     def _run_tokens(self, prepared: PreparedBatch) -> list | streams.HostCopy:
         batch = prepared.forward
@@ -276,8 +288,9 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     family = resolve_family(cfg.model_type, cfg.architectures)  # refuses what we would serve wrong
     device = torch.device(device) if device is not None else default_device()
     dtype = parse_dtype(dtype, device)
-    kind = kind or detect_kind(model_dir, cfg)
-    check_kind(family, kind)
+    kind = kind or default_kind(family, len(cfg.labels)) or detect_kind(model_dir, cfg)
+    check_kind(family, kind, len(cfg.labels))
+    head = "score" if family.head == SCORE_HEAD else "yes-no" if kind == "reranker" else "pooling"
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
 
     spec = family_spec(family, cfg)
@@ -293,10 +306,12 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
              tree_path.name if tree_path else "no path (" + "; ".join(f"{k}: {v}" for k, v in tree_rejected.items()) + ")")
     ops = AttentionOps(backend, kernels.get_gather_rows(device), kernels.get_gather_rows_pair(device))
     yes_id = no_id = None
-    if kind == "reranker":
+    if head == "yes-no":
         yes_id, no_id = token_id(tokenizer, "yes"), token_id(tokenizer, "no")
+    labels = cfg.labels if head == "score" else ()
     with torch.device("meta"):
-        model = build_model(family, cfg, ops, rope_device=device, lm_head=kind == "reranker")
+        model = build_model(family, cfg, ops, rope_device=device, lm_head=head == "yes-no",
+                            num_labels=len(labels))
         if yes_id is not None and no_id is not None:
             model.keep_head_rows((yes_id, no_id))  # the score reads these two rows only
     load_weights(model, model_dir, device=device, dtype=dtype, take_rows=model.head_rows())
@@ -317,7 +332,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         radix_attention=radix_attention, attention_backend=backend.name,
         kernels=kernels.describe(device), max_positions=max_positions,
         hidden_size=cfg.hidden_size, prompts=prompts, default_prompt_name=default_prompt_name,
-        yes_id=yes_id, no_id=no_id, radix_mlp_threshold=radix_mlp_threshold,
+        yes_id=yes_id, no_id=no_id, head=head, labels=labels, radix_mlp_threshold=radix_mlp_threshold,
         attention_rejected=dict(backend.rejected), linear=linear, memory=memory,
         tree_attention=tree_attention, tree_path=tree_path, tree_rejected=tree_rejected,
         cpu_attention=cpu_attention,

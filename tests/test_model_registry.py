@@ -19,7 +19,7 @@ def _with_arch(src, dst, archs):
     return dst
 
 
-@pytest.mark.parametrize("arch", ["Qwen3ForSequenceClassification", "Qwen3ForTokenClassification", "Qwen3ForQuestionAnswering",
+@pytest.mark.parametrize("arch", ["Qwen3ForTokenClassification", "Qwen3ForQuestionAnswering",
                                   "Qwen3SomethingNew"])
 def test_unknown_heads_are_refused_at_load_naming_the_architecture(tiny_embedding_dir, tmp_path, arch):
     d = _with_arch(tiny_embedding_dir, tmp_path / "m", [arch])
@@ -40,3 +40,9 @@ def test_base_and_causal_lm_checkpoints_resolve():
 def test_a_kind_the_head_cannot_serve_is_refused():
     with pytest.raises(UnsupportedArchitecture, match="reranker"):
         check_kind(resolve("qwen2", ("Qwen2Model",)), "reranker")
+
+
+def test_a_seq_cls_config_over_base_weights_fails_naming_the_head(tiny_embedding_dir, tmp_path):
+    d = _with_arch(tiny_embedding_dir, tmp_path / "m", ["Qwen3ForSequenceClassification"])
+    with pytest.raises(KeyError, match="score.weight"):
+        load_runner(str(d), device="cpu", dtype="float32", prefix_cache_size=0)
