@@ -43,7 +43,7 @@ def refusal(name: str, honours: frozenset[str], spec: AttentionSpec) -> str | No
     missing = sorted(spec.needs() - honours)
     if not missing:
         return None
-    return f"cannot honour the checkpoint's attention {' and '.join(missing)} ({spec})"
+    return "cannot honour the checkpoint's attention " + " and ".join(f"{f} {getattr(spec, f)}" for f in missing)
 
 
 def spec_varlen(q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float,

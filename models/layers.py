@@ -21,6 +21,7 @@ from models.attention import AttentionBackend
 from models.attention_lse import needs_grad
 from models.batch import ForwardBatch
 from models.config import ModelConfig, rope_inv_freq
+from models.linear import Linear
 
 
 class RMSNorm(nn.Module):
@@ -121,3 +122,67 @@ class RadixAttention:
             return batch.tree(q, k, v, scale=self.scale)
         kc, vc = ops.gather_rows_pair(k, v, batch.kv_index)  # [sum owner lens, Hkv, D]
         return ops.attention(q, kc, vc, batch.attn, scale=self.scale, **self.extra)
+
+
+class Attention(nn.Module):
+    """Fused QKV, optional per-head q/k RMSNorm (Qwen3), rotary, attention over the batch's layout
+    (`RadixAttention`), O projection. scale (default head_dim ** -0.5), softcap and window are the
+    checkpoint's (models/attention_spec.py)."""
+
+    def __init__(self, cfg: ModelConfig, ops: AttentionOps, layer_idx: int, *, scale: float | None = None,
+                 softcap: float | None = None, window: int | None = None):
+        super().__init__()
+        self.layer_idx = layer_idx  # this layer's rows in the prefix cache's pool
+        self.heads, self.kv_heads, self.head_dim = (cfg.num_attention_heads,
+                                                    cfg.num_key_value_heads, cfg.head_dim)
+        e, hd = cfg.hidden_size, cfg.head_dim
+        # One GEMM for Q, K and V: rows [q | k | v] (models/loader.py concatenates q/k/v_proj).
+        self.qkv_proj = Linear(e, (self.heads + 2 * self.kv_heads) * hd, bias=cfg.qkv_bias)
+        self.fused_rows = {"qkv_proj": (self.heads * hd, self.kv_heads * hd, self.kv_heads * hd)}
+        self.o_proj = Linear(self.heads * hd, e, bias=cfg.o_bias)
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+        self.scale = hd ** -0.5 if scale is None else scale
+        self.radix = RadixAttention(ops, layer_idx, self.scale, softcap=softcap, window=window)
+
+    @property
+    def ops(self) -> AttentionOps:
+        """The shared backend and gathers (benchmarks swap the backend on it)."""
+        return self.radix.ops
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], batch: ForwardBatch) -> Tensor:
+        t, h = x.shape[0], self.heads
+        qkv = self.qkv_proj(x).view(t, h + 2 * self.kv_heads, self.head_dim)  # [T, H+2Hkv, D]
+        qk, v = qkv[:, :h + self.kv_heads], qkv[:, h + self.kv_heads:]  # views [T, H+Hkv, D], [T, Hkv, D]
+        if self.qk_norm:  # q and k normalised together: one norm, per-head weights [H+Hkv, D]
+            weight = torch.cat((self.q_norm.weight.expand(h, -1),
+                                self.k_norm.weight.expand(self.kv_heads, -1)))
+            qk = rms_norm(qk, weight, self.q_norm.eps)
+        qk = apply_rotary(qk, *rope)  # [T, H+Hkv, D], q and k rotated together
+        q, k = qk[:, :h], qk[:, h:]  # row-strided views; the gathers and backends take them
+        o = self.attend(q, k, v, batch)  # [T, H, D]
+        return self.o_proj(o.reshape(t, self.heads * self.head_dim))  # [T, E]
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch) -> Tensor:
+        return self.radix.attend(q, k, v, batch)
+
+
+class MLP(nn.Module):
+    """Gated MLP: down(act(gate) * up); act SiLU (SwiGLU) or tanh-approximated GELU (GeGLU, Gemma)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        e, i = cfg.hidden_size, cfg.intermediate_size
+        # One GEMM for gate and up: rows [gate | up] (models/loader.py concatenates them).
+        self.gate_up_proj = Linear(e, 2 * i, bias=cfg.mlp_bias)
+        self.down_proj = Linear(i, e, bias=cfg.mlp_bias)
+        self.intermediate = i
+        self.fused_rows = {"gate_up_proj": (i, i)}
+        self.gelu = cfg.hidden_act == "gelu_tanh"
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)  # [T, I] views
+        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        return self.down_proj(act * up)

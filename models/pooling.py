@@ -50,7 +50,7 @@ def rerank_logits(model: ScoringModel, hidden: Tensor, batch: ForwardBatch, *,
     rows = torch.stack((w[model.head_row(yes_id)], w[model.head_row(no_id)]))  # [2, E]
     # NOTE: fp32 from here: bf16 logits near 10 are 1/16 apart, and their difference (the score)
     # would be quantised as coarsely, tying documents that differ.
-    logits = h.float() @ rows.float().t()  # [B, 2]
+    logits = model.final_logits(h.float() @ rows.float().t())  # [B, 2] (Gemma2: soft-capped)
     return logits[:, 0] - logits[:, 1]
 
 

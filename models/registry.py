@@ -28,6 +28,8 @@ FAMILIES: dict[str, str] = {
     "qwen2": "qwen3",
     "llama": "qwen3",
     "mistral": "qwen3",
+    "gemma": "gemma",
+    "gemma2": "gemma",
 }
 # architecture suffix -> the runner kinds it can serve, the default first
 HEADS: dict[str, tuple[str, ...]] = {

@@ -320,6 +320,8 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     log.info("weights loaded: %s", describe_memory(memory))
     linear = _pack(model, device=device, dtype=dtype, wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
     cpu_attention = _cpu_attention(cfg, device=device, dtype=dtype, wanted=cpu_packed_weights)
+    if cpu_attention and backend.name == "spec-varlen":  # the blocks' kernels do not run at all
+        cpu_attention = "spec-varlen (the checkpoint's soft-cap or window; no CPU block kernel)"
 
     prompts, default_prompt_name = read_prompts(model_dir)
     pooling = pooling or detect_pooling(model_dir)

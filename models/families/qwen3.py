@@ -1,80 +1,20 @@
 """The Qwen3 family decoder (also Qwen2, Llama, Mistral) over one ragged token list.
 
-Reads top to bottom like the paper: attention, MLP, decoder layer, model; the norms, rotary and
-the RadixMLP attention dispatch are models/layers.py's. Module attribute names are the
-checkpoint's, so loading is a name walk (models/loader.py), except two fused projections named as
-vLLM/SGLang name them: `qkv_proj` = [q_proj | k_proj | v_proj] and `gate_up_proj` =
-[gate_proj | up_proj], concatenated along the output rows at load time (one GEMM instead of three
-and two). Their linears are ``models.linear.Linear`` (oneDNN-packed weights on the CPU); the
-lm_head and score heads stay ``nn.Linear``: pooling reads rows of them.
+A decoder layer is pre-norm attention and a SwiGLU MLP; the norms, rotary, attention (with its
+RadixMLP dispatch) and the MLP are models/layers.py's. Module attribute names are the
+checkpoint's, so loading is a name walk (models/loader.py); the lm_head and score heads stay
+``nn.Linear``: pooling reads rows of them.
 """
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from models.attention_spec import AttentionSpec
 from models.batch import ForwardBatch
 from models.config import ModelConfig
-from models.layers import AttentionOps, RadixAttention, RMSNorm, Rotary, apply_rotary, rms_norm
-from models.linear import Linear
+from models.layers import MLP, Attention, AttentionOps, RMSNorm, Rotary
 from models.protocol import ScoringModel
-
-
-class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig, ops: AttentionOps, layer_idx: int):
-        super().__init__()
-        self.layer_idx = layer_idx  # this layer's rows in the prefix cache's pool
-        self.heads, self.kv_heads, self.head_dim = (cfg.num_attention_heads,
-                                                    cfg.num_key_value_heads, cfg.head_dim)
-        e, hd = cfg.hidden_size, cfg.head_dim
-        # One GEMM for Q, K and V: rows [q | k | v] (models/loader.py concatenates q/k/v_proj).
-        self.qkv_proj = Linear(e, (self.heads + 2 * self.kv_heads) * hd, bias=cfg.qkv_bias)
-        self.fused_rows = {"qkv_proj": (self.heads * hd, self.kv_heads * hd, self.kv_heads * hd)}
-        self.o_proj = Linear(self.heads * hd, e, bias=cfg.o_bias)
-        if cfg.qk_norm:
-            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
-            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
-        self.qk_norm = cfg.qk_norm
-        self.scale = hd ** -0.5
-        self.radix = RadixAttention(ops, layer_idx, self.scale)
-
-    @property
-    def ops(self) -> AttentionOps:
-        """The shared backend and gathers (benchmarks swap the backend on it)."""
-        return self.radix.ops
-
-    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], batch: ForwardBatch) -> Tensor:
-        t, h = x.shape[0], self.heads
-        qkv = self.qkv_proj(x).view(t, h + 2 * self.kv_heads, self.head_dim)  # [T, H+2Hkv, D]
-        qk, v = qkv[:, :h + self.kv_heads], qkv[:, h + self.kv_heads:]  # views [T, H+Hkv, D], [T, Hkv, D]
-        if self.qk_norm:  # q and k normalised together: one norm, per-head weights [H+Hkv, D]
-            weight = torch.cat((self.q_norm.weight.expand(h, -1),
-                                self.k_norm.weight.expand(self.kv_heads, -1)))
-            qk = rms_norm(qk, weight, self.q_norm.eps)
-        qk = apply_rotary(qk, *rope)  # [T, H+Hkv, D], q and k rotated together
-        q, k = qk[:, :h], qk[:, h:]  # row-strided views; the gathers and backends take them
-        o = self.attend(q, k, v, batch)  # [T, H, D]
-        return self.o_proj(o.reshape(t, self.heads * self.head_dim))  # [T, E]
-
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch) -> Tensor:
-        return self.radix.attend(q, k, v, batch)
-
-
-class MLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        e, i = cfg.hidden_size, cfg.intermediate_size
-        # One GEMM for gate and up: rows [gate | up] (models/loader.py concatenates them).
-        self.gate_up_proj = Linear(e, 2 * i, bias=cfg.mlp_bias)
-        self.down_proj = Linear(i, e, bias=cfg.mlp_bias)
-        self.intermediate = i
-        self.fused_rows = {"gate_up_proj": (i, i)}
-
-    def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)  # [T, I] views
-        return self.down_proj(F.silu(gate) * up)  # SwiGLU
 
 
 class DecoderLayer(nn.Module):
