@@ -1,4 +1,5 @@
-"""Classification heads (`*ForSequenceClassification`, 1 and 3 labels) against transformers.
+"""Classification heads (`*ForSequenceClassification`, 1 and 3 labels; Qwen3, Qwen2, Llama,
+Gemma2) against transformers.
 
 Oracle: transformers' Qwen3/Qwen2/LlamaForSequenceClassification loaded from the same fixture
 directory, fp32 on CPU, each sequence alone (the last token's logits); ours in off, paper and
@@ -17,8 +18,9 @@ from models.runner import load_runner
 
 TOL = 1e-4
 PRESETS = [f"tiny-{mt}-seq-cls{sfx}" for mt in ("qwen3", "qwen2", "llama") for sfx in ("", "-3")]
+PRESETS.append("tiny-gemma2-seq-cls-3")  # soft-caps and a window under a classification head
 ORACLE_CLASS = {"qwen3": "Qwen3ForSequenceClassification", "qwen2": "Qwen2ForSequenceClassification",
-                "llama": "LlamaForSequenceClassification"}
+                "llama": "LlamaForSequenceClassification", "gemma2": "Gemma2ForSequenceClassification"}
 
 
 def _batch():
