@@ -8,10 +8,23 @@ the head bookkeeping here is shared (parameter names are the checkpoint's: `lm_h
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import Tensor, nn
 
 from models.batch import ForwardBatch
 from models.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class RerankSpec:
+    """What a family's yes/no reranker reads: the template (by name: models/prompts.py builds its
+    token ids), the two answer words whose lm_head rows score, and the default instruction."""
+
+    template: str
+    yes: str
+    no: str
+    instruction: str
 
 
 class ScoringModel(nn.Module):

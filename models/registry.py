@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from models.attention_spec import AttentionSpec
-    from models.protocol import ScoringModel
+    from models.protocol import RerankSpec, ScoringModel
 
 # model_type -> family module under models/families/ (importing torch is left to the caller)
 FAMILIES: dict[str, str] = {
@@ -113,3 +113,8 @@ def family_spec(entry: Entry, cfg: Any) -> "AttentionSpec":
     """What the family's attention needs of a backend for `cfg` (its `attention_spec`)."""
     module = importlib.import_module(f"models.families.{entry.family}")
     return module.attention_spec(cfg)
+
+
+def family_rerank(entry: Entry) -> "RerankSpec":
+    """The family's yes/no reranker spec (its module's RERANK): template, words, instruction."""
+    return importlib.import_module(f"models.families.{entry.family}").RERANK

@@ -35,7 +35,8 @@ from models.prefix_setup import head_pooling, start_prefix_cache
 from models.layers import AttentionOps
 from models.protocol import ScoringModel
 from models import streams
-from models.registry import SCORE_HEAD, build_model, check_kind, default_kind, family_spec, resolve as resolve_family
+from models.registry import (SCORE_HEAD, build_model, check_kind, default_kind, family_rerank, family_spec,
+                             resolve as resolve_family)
 from models.radix import RadixIndex, build_index, positions_from_cu_seqlens
 from models.tree_attention import POLICIES as TREE_POLICIES, attach_tree
 from models.tree_select import TreeBackend, describe_tree, select_tree
@@ -85,6 +86,9 @@ class Runner:
     default_prompt_name: str | None = None
     yes_id: int | None = None
     head: str = "pooling"  # what produces the output: "pooling", "yes-no" (lm_head rows), "score"
+    # a reranker's template name and default instruction (the family's RerankSpec)
+    rerank_template: str = "qwen3-reranker"
+    rerank_instruction: str = ""
     labels: tuple[str, ...] = ()  # a score head's labels, row order (id2label)
     no_id: int | None = None
     radix_mlp_threshold: float = 0.95  # the trie gate (models.options.use_index)
@@ -306,8 +310,9 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
              tree_path.name if tree_path else "no path (" + "; ".join(f"{k}: {v}" for k, v in tree_rejected.items()) + ")")
     ops = AttentionOps(backend, kernels.get_gather_rows(device), kernels.get_gather_rows_pair(device))
     yes_id = no_id = None
+    rerank = family_rerank(family)
     if head == "yes-no":
-        yes_id, no_id = token_id(tokenizer, "yes"), token_id(tokenizer, "no")
+        yes_id, no_id = token_id(tokenizer, rerank.yes), token_id(tokenizer, rerank.no)
     labels = cfg.labels if head == "score" else ()
     with torch.device("meta"):
         model = build_model(family, cfg, ops, rope_device=device, lm_head=head == "yes-no",
@@ -334,7 +339,8 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         radix_attention=radix_attention, attention_backend=backend.name,
         kernels=kernels.describe(device), max_positions=max_positions,
         hidden_size=cfg.hidden_size, prompts=prompts, default_prompt_name=default_prompt_name,
-        yes_id=yes_id, no_id=no_id, head=head, labels=labels, radix_mlp_threshold=radix_mlp_threshold,
+        yes_id=yes_id, no_id=no_id, head=head, labels=labels, rerank_template=rerank.template,
+        rerank_instruction=rerank.instruction, radix_mlp_threshold=radix_mlp_threshold,
         attention_rejected=dict(backend.rejected), linear=linear, memory=memory,
         tree_attention=tree_attention, tree_path=tree_path, tree_rejected=tree_rejected,
         cpu_attention=cpu_attention,

@@ -14,8 +14,12 @@ from models.attention_spec import AttentionSpec
 from models.batch import ForwardBatch
 from models.config import ModelConfig
 from models.layers import MLP, Attention, AttentionOps, RMSNorm, Rotary
-from models.protocol import ScoringModel
+from models.prompts import DEFAULT_INSTRUCTION
+from models.protocol import RerankSpec, ScoringModel
 
+
+# The yes/no reranker of this family: the Qwen3-Reranker template and words.
+RERANK = RerankSpec(template="qwen3-reranker", yes="yes", no="no", instruction=DEFAULT_INSTRUCTION)
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: AttentionOps, layer_idx: int):

@@ -29,7 +29,6 @@ from typing import Union, cast
 
 from fastapi import APIRouter, Request, Response
 
-from models import prompts
 from server.http.bodies import openapi_body, parse_body
 from server.http.errors import ApiError
 from server.routes.schemas import EmbedRequest, Rank, RerankRequest, SimpleToken, TokenizeRequest
@@ -114,7 +113,7 @@ class TeiRoutes:
         result = await service.rerank(
             request, call, body.query, body.texts, truncate=service.truncate(body.truncate),
             direction=body.truncation_direction,
-            instruction=body.instruction if body.instruction is not None else prompts.DEFAULT_INSTRUCTION,
+            instruction=body.instruction if body.instruction is not None else self.service.runner.rerank_instruction,
         )
 
         def build() -> bytes:
@@ -136,7 +135,7 @@ class TeiRoutes:
         service.check_inputs(len(texts), empty=body.query == "", what="documents")
         result = await service.rerank(
             request, call, body.query, texts, truncate=service.truncate(None), direction="right",
-            instruction=body.instruction if body.instruction is not None else prompts.DEFAULT_INSTRUCTION,
+            instruction=body.instruction if body.instruction is not None else self.service.runner.rerank_instruction,
         )
 
         def build() -> bytes:

@@ -19,7 +19,6 @@ import uuid
 import numpy as np
 from fastapi import APIRouter, Request, Response
 
-from models import prompts
 from server.http.bodies import openapi_body, parse_body
 from server.http.errors import ApiError
 from server.routes.schemas_scoring import ClassifyRequest, PoolingRequest, ScoreRequest
@@ -93,7 +92,7 @@ class VllmRoutes:
         if cap is not None:
             raise ApiError("validation", "truncate_prompt_tokens on /score may only be -1 (cut each pair's "
                                          "document to the server's maximum)")
-        result = await scoring.pair_scores(service, request, call, pairs, instruction=prompts.DEFAULT_INSTRUCTION,
+        result = await scoring.pair_scores(service, request, call, pairs, instruction=self.service.runner.rerank_instruction,
                                            truncate=truncate, direction="right")
         activate = body.use_activation is not False
 

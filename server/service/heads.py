@@ -36,9 +36,9 @@ def model_type(runner: ServedRunner) -> dict:
     if runner.kind == "embedding":
         return {"embedding": {"pooling": runner.pooling}}
     if runner.head == "yes-no":
-        return {"reranker": {"score": "sigmoid(logit('yes') - logit('no'))", "template": "qwen3-reranker"}}
+        return {"reranker": {"score": "sigmoid(logit('yes') - logit('no'))", "template": runner.rerank_template}}
     if runner.kind == "reranker":
-        return {"reranker": {"score": "sigmoid(score head)", "template": "qwen3-reranker"}}
+        return {"reranker": {"score": "sigmoid(score head)", "template": runner.rerank_template}}
     if runner.kind == "reward":
         return {"reward": {"score": "score head, raw"}}
     return {"classifier": {"id2label": dict(enumerate(runner.labels))}}
