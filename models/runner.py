@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -20,18 +19,16 @@ from tokenizers import Tokenizer
 
 import kernels
 from models.attention import to_device
-from models.attention_lse import select_cpu_kernel
-from models.attention_select import select_backend
 from models.batch import ForwardBatch, build_forward_batch
 from models.checkpoint_dir import detect_kind, detect_pooling, read_prompts, token_id
 from models.config import ModelConfig
-from models.linear import pack_linears
 from models.loader import (default_device, describe_memory, load_weights, memory_report, parse_dtype,
                            resolve_model_dir)
 from models.options import KINDS, POOLINGS, RADIX_ATTENTION, check_radix_mlp_threshold, use_index
 from models.pooling import classify_logits, pool, rerank_logits, token_states
 from models.prefix_cache import DEFAULT_SIZE, PrefixCache, cache_refusal, capacity_tokens
 from models.prefix_setup import head_pooling, start_prefix_cache
+from models.runner_setup import cpu_attention_kernel, pack, select_paths
 from models.layers import AttentionOps
 from models.protocol import ScoringModel
 from models import streams
@@ -39,7 +36,7 @@ from models.registry import (SCORE_HEAD, build_model, check_kind, default_kind, 
                              resolve as resolve_family)
 from models.radix import RadixIndex, build_index, positions_from_cu_seqlens
 from models.tree_attention import POLICIES as TREE_POLICIES, attach_tree
-from models.tree_select import TreeBackend, describe_tree, select_tree
+from models.tree_select import TreeBackend, describe_tree
 from models.warmup import warm_up
 
 log = logging.getLogger(__name__)
@@ -297,17 +294,8 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     head = "score" if family.head == SCORE_HEAD else "yes-no" if kind == "reranker" else "pooling"
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
 
-    spec = family_spec(family, cfg)
-    backend = select_backend(device, dtype=dtype, heads=cfg.num_attention_heads,
-                             kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, spec=spec)
-    log.info("attention backend %s on %s %s; not used: %s", backend.name, device,
-             str(dtype).replace("torch.", ""),
-             "; ".join(f"{k} ({v})" for k, v in backend.rejected.items()) or "none")
-    tree_path, tree_rejected = select_tree(device, dtype=dtype, heads=cfg.num_attention_heads,
-                                           kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim,
-                                           spec=spec)
-    log.info("tree attention %s: %s", tree_attention,
-             tree_path.name if tree_path else "no path (" + "; ".join(f"{k}: {v}" for k, v in tree_rejected.items()) + ")")
+    backend, tree_path, tree_rejected = select_paths(cfg, family_spec(family, cfg), device=device, dtype=dtype,
+                                                     tree_attention=tree_attention)
     ops = AttentionOps(backend, kernels.get_gather_rows(device), kernels.get_gather_rows_pair(device))
     yes_id = no_id = None
     rerank = family_rerank(family)
@@ -323,8 +311,8 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     model.eval()
     memory = memory_report(model, device)
     log.info("weights loaded: %s", describe_memory(memory))
-    linear = _pack(model, device=device, dtype=dtype, wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
-    cpu_attention = _cpu_attention(cfg, device=device, dtype=dtype, wanted=cpu_packed_weights)
+    linear = pack(model, device=device, dtype=dtype, wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
+    cpu_attention = cpu_attention_kernel(cfg, device=device, dtype=dtype, wanted=cpu_packed_weights)
     if cpu_attention and backend.name == "spec-varlen":  # the blocks' kernels do not run at all
         cpu_attention = "spec-varlen (the checkpoint's soft-cap or window; no CPU block kernel)"
 
@@ -348,33 +336,6 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     runner.prefix_cache, runner.prefix_cache_report = start_prefix_cache(runner, prefix_cache_size,
                                                                          max_batch_tokens=max_batch_tokens)
     return runner
-
-
-def _pack(model: ScoringModel, *, device: torch.device, dtype: torch.dtype, wanted: bool,
-          keep_dense: bool) -> str:
-    """Pack the linears where it pays (CPU float32); say at start which path runs and why."""
-    if not wanted:
-        log.info("linear layers: F.linear (cpu_packed_weights off)")
-        return "F.linear"
-    reason = pack_linears(model, device=device, dtype=dtype, keep_dense=keep_dense)
-    if reason is None:
-        log.info("linear layers: oneDNN with weights packed at load (CPU float32%s)",
-                 "" if keep_dense else "; the packed copy is the only one")
-        return "onednn-packed"
-    # NOTE: not packing is the normal case off the CPU; on the CPU in fp32 it is a slow path
-    (log.warning if device.type == "cpu" and dtype == torch.float32 else log.info)(
-        "linear layers: F.linear (%s)", reason)
-    return "F.linear"
-
-
-def _cpu_attention(cfg: ModelConfig, *, device: torch.device, dtype: torch.dtype, wanted: bool) -> str:
-    """Which kernel serves the CPU's attention blocks (measured at load; logged); "" off the CPU."""
-    if device.type != "cpu" or dtype != torch.float32:
-        return ""
-    report = select_cpu_kernel(wanted, heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
-                               head_dim=cfg.head_dim)
-    log.info("CPU attention blocks: %s", report)
-    return report
 
 
 def namespace_groups(namespaces) -> np.ndarray | None:
