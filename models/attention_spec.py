@@ -46,33 +46,39 @@ def refusal(name: str, honours: frozenset[str], spec: AttentionSpec) -> str | No
     return "cannot honour the checkpoint's attention " + " and ".join(f"{f} {getattr(spec, f)}" for f in missing)
 
 
+QUERY_BLOCK = 256  # queries per softmax: bounds the fp32 logits to [H, 256, keys] however long the sequence
+
+
 def spec_varlen(q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float,
                 softcap: float | None = None, window: int | None = None) -> Tensor:
-    """q [Tq, H, D], k/v [Tk, Hkv, D] -> [Tq, H, D], one explicit softmax per sequence.
+    """q [Tq, H, D], k/v [Tk, Hkv, D] -> [Tq, H, D], one explicit softmax per block of queries.
 
-    Logits in fp32 (soft-capped, masked), as the eager reference computes them.
+    Logits in fp32 (soft-capped, masked), as the eager reference computes them. A block reads only
+    the keys it can see: those up to its last query's position, and with a window only those
+    within `window` of its first query.
     """
     h, hkv = q.shape[1], k.shape[1]
     out = torch.empty_like(q)
     cq, ck = meta.host_cu_seqlens_q, meta.host_cu_seqlens_k
     for b in range(len(cq) - 1):
-        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
-        lq, lk = q1 - q0, k1 - k0
-        if lq == 0:
-            continue
-        qs = q[q0:q1].transpose(0, 1).float()  # [H, lq, D]
-        ks = k[k0:k1].transpose(0, 1).float().repeat_interleave(h // hkv, dim=0)  # [H, lk, D]
-        vs = v[k0:k1].transpose(0, 1).float().repeat_interleave(h // hkv, dim=0)
-        logits = qs @ ks.transpose(1, 2) * scale  # [H, lq, lk]
-        if softcap is not None:
-            logits = softcap * torch.tanh(logits / softcap)
-        pos_q = torch.arange(lq, device=q.device)[:, None] + (lk - lq)  # [lq, 1]
-        pos_k = torch.arange(lk, device=q.device)[None, :]  # [1, lk]
-        visible = pos_k <= pos_q
-        if window is not None:
-            visible = visible & (pos_q - pos_k < window)
-        logits = logits.masked_fill(~visible, float("-inf"))
-        out[q0:q1] = (logits.softmax(-1) @ vs).transpose(0, 1).to(q.dtype)  # [lq, H, D]
+        lq, lk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
+        for s0 in range(0, lq, QUERY_BLOCK):
+            s1 = min(s0 + QUERY_BLOCK, lq)
+            first, last = s0 + lk - lq, s1 - 1 + lk - lq  # positions of the block's queries
+            j0 = 0 if window is None else max(0, first - window + 1)
+            qs = q[cq[b] + s0:cq[b] + s1].transpose(0, 1).float()  # [H, n, D]
+            ks = k[ck[b] + j0:ck[b] + last + 1].transpose(0, 1).float().repeat_interleave(h // hkv, dim=0)
+            vs = v[ck[b] + j0:ck[b] + last + 1].transpose(0, 1).float().repeat_interleave(h // hkv, dim=0)
+            logits = qs @ ks.transpose(1, 2) * scale  # [H, n, m]
+            if softcap is not None:
+                logits = softcap * torch.tanh(logits / softcap)
+            pos_q = torch.arange(first, last + 1, device=q.device)[:, None]  # [n, 1]
+            pos_k = torch.arange(j0, last + 1, device=q.device)[None, :]  # [1, m]
+            visible = pos_k <= pos_q
+            if window is not None:
+                visible = visible & (pos_q - pos_k < window)
+            logits = logits.masked_fill(~visible, float("-inf"))
+            out[cq[b] + s0:cq[b] + s1] = (logits.softmax(-1) @ vs).transpose(0, 1).to(q.dtype)  # [n, H, D]
     return out
 
 

@@ -66,3 +66,16 @@ def test_selection_refuses_backends_that_cannot_honour_the_spec(caplog):
     assert plain.name == "sdpa"
     path, why = select_tree("cpu", dtype=torch.float32, heads=4, kv_heads=2, head_dim=8, spec=spec)
     assert path is None and "softcap" in why["cpu-flash"]
+
+
+def test_query_blocks_and_key_ranges_change_nothing(monkeypatch):
+    """Blocks of 2 queries (keys cut to what each block sees) against one block per sequence."""
+    import models.attention_spec as spec_mod
+
+    q, k, v = _qkv()
+    meta = make_meta(CU_Q, CU_K, "cpu")
+    whole = spec_varlen(q, k, v, meta, scale=0.3, softcap=1.5, window=3)
+    monkeypatch.setattr(spec_mod, "QUERY_BLOCK", 2)
+    blocked = spec_mod.spec_varlen(q, k, v, meta, scale=0.3, softcap=1.5, window=3)
+    assert (whole - blocked).abs().max().item() < 1e-12
+    assert (blocked - _reference(q, k, v, 0.3, 1.5, 3)).abs().max().item() < 1e-5
