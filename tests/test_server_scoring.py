@@ -167,3 +167,36 @@ def test_reward_pooling(reward):
     assert r.status_code == 200, r.text
     for item, text in zip(r.json()["data"], TEXTS):
         assert item["object"] == "pooling" and item["data"] == pytest.approx(list(oracle(tok.encode(text).ids)), abs=TOL)
+
+
+@pytest.mark.parametrize("path,body,status", [
+    ("/predict", {"inputs": []}, 400),
+    ("/predict", {"inputs": ""}, 400),
+    ("/predict", {"inputs": ["a", "b", "c"]}, 422),  # neither one text nor a pair
+    ("/predict", {"inputs": [["a", "b", "c"]]}, 422),
+    ("/predict", {"inputs": [["x"]] * 9}, 422),  # over max_client_batch_size (8)
+    ("/predict", {"inputs": 5}, 422),
+    ("/predict", {"inputs": "word " * 20000, "truncate": False}, 422),  # over max_input_length
+    ("/classify", {"input": ["a"] * 9}, 422),
+    ("/classify", {"input": "a", "truncate_prompt_tokens": 0}, 422),
+    ("/classify", {"input": "a", "truncate_prompt_tokens": -2}, 422),
+])
+def test_bad_classification_bodies(classifier, path, body, status):
+    r = httpx.post(classifier[0]["off"].url + path, json=body, timeout=60)
+    assert r.status_code == status, r.text
+
+
+def test_truncation_keeps_the_answer_exact(classifier):
+    servers, tok, oracle = classifier
+    text = "word " * 5000
+    r = httpx.post(servers["off"].url + "/classify", json={"input": text, "truncate_prompt_tokens": 16}, timeout=60)
+    assert r.status_code == 200, r.text
+    ids = tok.encode(text).ids[-16:]  # vLLM keeps the last n tokens
+    assert r.json()["data"][0]["probs"] == pytest.approx(list(_softmax(oracle(ids))), abs=TOL)
+
+
+def test_bad_score_bodies(reranker):
+    srv = reranker[0]
+    assert httpx.post(srv.url + "/score", json={"text_1": "q", "text_2": ["d"] * 9}, timeout=60).status_code == 422
+    assert httpx.post(srv.url + "/score", json={"text_1": "", "text_2": ["d"]}, timeout=60).status_code == 400
+    assert httpx.post(srv.url + "/score", json={"text_1": "q"}, timeout=60).status_code == 422

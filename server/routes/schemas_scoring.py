@@ -47,17 +47,11 @@ class ScoreRequest(_VllmBody):
     text_2: Union[StrictStr, list[StrictStr]]
     use_activation: StrictBool | None = Field(None, description="sigmoid of the score (default true)")
 
+    @classmethod
+    def count_inputs(cls, data: dict) -> int:
+        """The larger side: `text_1` may hold as many texts as `text_2`."""
+        return max(len(v) if isinstance(v, list) else 1 for v in (data.get("text_1"), data.get("text_2")))
 
-def _count(value) -> int:
-    return len(value) if isinstance(value, list) else 1
-
-
-def _score_count(cls, data: dict) -> int:
-    """The larger side: `text_1` may hold as many texts as `text_2`."""
-    return max(_count(data.get("text_1")), _count(data.get("text_2")))
-
-
-ScoreRequest.count_inputs = classmethod(_score_count)  # type: ignore[method-assign, assignment]
 
 
 class Prediction(BaseModel):
