@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral", "gemma", "gemma2")
+from models.registry import FAMILIES
+
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)  # one row per model_type in models/registry.py
 GEMMA = ("gemma", "gemma2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
