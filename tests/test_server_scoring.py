@@ -130,8 +130,9 @@ def test_routes_the_head_cannot_serve_name_those_it_can(classifier, reward):
     info = httpx.get(url + "/info", timeout=60).json()
     assert info["head"] == "score" and "/predict" in info["routes"]
     assert info["model_type"] == {"classifier": {"id2label": {"0": "negative", "1": "neutral", "2": "positive"}}}
-    r = httpx.post(reward[0].url + "/classify", json={"input": "a"}, timeout=60)
-    assert r.status_code == 400 and "/pooling" in r.text
+    for path, body in (("/classify", {"input": "a"}), ("/", {"inputs": "a"}), ("/predict", {"inputs": "a"})):
+        r = httpx.post(reward[0].url + path, json=body, timeout=60)
+        assert r.status_code == 400 and "/pooling" in r.text, (path, r.text)
 
 
 def test_seq_cls_reranker_serves_rerank_and_score(reranker):

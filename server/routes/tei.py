@@ -222,6 +222,7 @@ class TeiRoutes:
             return await self.predict(request)
         if self.service.runner.kind == "reranker":
             return await self.answer_any_rerank(request, self.service.begin("rerank"))
+        self.service.require("embedding", request.url.path)  # a reward model: 400 naming /pooling
         start = time.perf_counter()
         parsed: EmbedRequest | SimilarityRequest | None = None
         try:
