@@ -119,6 +119,9 @@ def test_classify_and_dispatch(classifier):
         assert item["label"] == labels[int(np.argmax(want))]
     root = httpx.post(url + "/", json={"inputs": TEXTS[0]}, timeout=60)
     assert root.status_code == 200 and len(root.json()) == 3
+    schema = httpx.get(url + "/openapi.json", timeout=60).json()
+    assert {"/predict", "/classify", "/score", "/pooling"} <= set(schema["paths"])
+    assert "inputs" in schema["paths"]["/"]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"]
 
 
 def test_routes_the_head_cannot_serve_name_those_it_can(classifier, reward):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Union, cast
+from typing import Any, Union, cast
 
 from fastapi import APIRouter, Request, Response
 
@@ -314,16 +314,18 @@ def build_router(service: Service, *, model_name: str) -> APIRouter:
 
 def add_dispatch(router: APIRouter, tei: TeiRoutes) -> None:
     """POST / and /invocations, documented as the route they dispatch to."""
-    reranker = tei.service.runner.kind == "reranker"
-    targets = "/rerank" if reranker else "/embed or /similarity"
+    kind = tei.service.runner.kind
+    targets = {"reranker": "/rerank", "classifier": "/predict"}.get(kind, "/embed or /similarity")
+    response: Any = {"reranker": Union[list[Rank], DocumentsRerankResponse],
+                     "classifier": Union[list[Prediction], list[list[Prediction]]]}.get(
+        kind, Union[list[list[float]], list[float]])
+    body = {"reranker": openapi_body(RerankRequest, DocumentsRerankRequest),
+            "classifier": openapi_body(PredictRequest)}.get(kind, openapi_body(EmbedRequest, SimilarityRequest))
     for path in DISPATCHED:
         router.add_api_route(
             path, tei.dispatch, methods=["POST"], tags=["TEI"], summary=f"TEI compat: dispatch to {targets}",
             description=f"Served as {targets} would serve the same body (an embedding model takes /similarity's "
                         "body when `inputs` is an object)." + (" SageMaker's route." if path == "/invocations" else ""),
-            response_model=(Union[list[Rank], DocumentsRerankResponse] if reranker
-                            else Union[list[list[float]], list[float]]),
-            openapi_extra=(openapi_body(RerankRequest, DocumentsRerankRequest) if reranker
-                           else openapi_body(EmbedRequest, SimilarityRequest)),
+            response_model=response, openapi_extra=body,
             operation_id=f"dispatch_{'root' if path == '/' else 'invocations'}_post",
         )
