@@ -1,4 +1,5 @@
-"""Model engine: config, weight loading, the Qwen3-family ragged forward, pooling and heads.
+"""Model engine: config, weight loading, the family registry and its families' ragged forwards
+(models/families/), pooling and heads.
 
 `load_runner(...) -> Runner` is the entry point (imported lazily, so `models.fixtures` and
 `models.prompts` stay cheap to import).

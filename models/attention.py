@@ -71,9 +71,16 @@ class AttentionBackend:
     fn: AttnFn
     # Why each other backend is not the one running: {name: reason} (start-up log, /info).
     rejected: dict[str, str] = field(default_factory=dict, compare=False)
+    # What it honours beyond plain causal attention (models/attention_spec.py): "softcap", "window"
+    honours: frozenset[str] = field(default=frozenset(), compare=False)
 
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float) -> Tensor:
-        return self.fn(q, k, v, meta, scale=scale)
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float,
+                 softcap: float | None = None, window: int | None = None) -> Tensor:
+        """Causal attention; `softcap` (logits -> c tanh(logits / c)) and `window` (a query sees
+        the last `window` keys, itself included) only where selection found them honoured."""
+        if softcap is None and window is None:
+            return self.fn(q, k, v, meta, scale=scale)
+        return self.fn(q, k, v, meta, scale=scale, softcap=softcap, window=window)
 
 
 def bottom_right_mask(lq: int, lk: int, device: torch.device) -> Tensor:

@@ -25,6 +25,7 @@ from torch import Tensor
 
 from models.attention import (PORTABLE, AttentionBackend, AttnFn, AttnMeta, make_meta,
                               sdpa_varlen)
+from models.attention_spec import HONOURS, AttentionSpec, refusal, spec_varlen
 
 log = logging.getLogger(__name__)
 
@@ -202,9 +203,15 @@ def build_backend(name: str, device: torch.device | str, *, dtype: torch.dtype,
 
 
 def select_backend(device: torch.device | str, *, dtype: torch.dtype, heads: int, kv_heads: int,
-                   head_dim: int) -> AttentionBackend:
-    """The attention backend for this device, dtype and head layout; see the module docstring."""
+                   head_dim: int, spec: AttentionSpec | None = None) -> AttentionBackend:
+    """The attention backend for this device, dtype and head layout; see the module docstring.
+
+    spec: what the checkpoint needs beyond causal softmax (models/attention_spec.py); backends
+    that cannot honour it are refused with the reason logged, and ``spec-varlen`` serves it.
+    """
     device = torch.device(device)
+    if spec is not None and spec.needs():
+        return _select_for_spec(device, dtype, spec)
     shape = Shape(heads, kv_heads, head_dim)
     names, rejected = candidates(device, dtype)
     for name, why in rejected.items():
@@ -224,3 +231,14 @@ def select_backend(device: torch.device | str, *, dtype: torch.dtype, heads: int
         log.warning("attention backend %s rejected on %s %s (H=%d, Hkv=%d, D=%d): %s", name,
                     device, str(dtype).replace("torch.", ""), heads, kv_heads, head_dim, reason)
     return AttentionBackend(CPU_DEFAULT, PORTABLE[CPU_DEFAULT], rejected)
+
+
+def _select_for_spec(device: torch.device, dtype: torch.dtype, spec: AttentionSpec) -> AttentionBackend:
+    """The backend of a spec with soft-cap or window: every other one is refused, logged."""
+    rejected = {}
+    for name in (*CUDA_ORDER, CPU_DEFAULT):
+        reason = refusal(name, HONOURS.get(name, frozenset()), spec)
+        if reason is not None:
+            rejected[name] = reason
+            log.info("attention backend %s refused: %s", name, reason)
+    return AttentionBackend("spec-varlen", spec_varlen, rejected, honours=HONOURS["spec-varlen"])

@@ -1,4 +1,5 @@
-"""Model configuration read from a Hugging Face config.json (Qwen3, Qwen2, Llama, Mistral).
+"""Model configuration read from a Hugging Face config.json (Qwen3, Qwen2, Llama, Mistral, Gemma,
+Gemma2).
 
 Invariant: every number the forward depends on comes from the file. In particular rope_theta is
 read from the top level (hub layout, next to `rope_scaling`) or from `rope_parameters`
@@ -13,7 +14,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("qwen3", "qwen2", "llama", "mistral")
+from models.registry import FAMILIES
+
+SUPPORTED_MODEL_TYPES = tuple(FAMILIES)  # one row per model_type in models/registry.py
+GEMMA = ("gemma", "gemma2")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -49,6 +53,15 @@ class ModelConfig:
     o_bias: bool  # bias on o_proj (Llama's attention_bias)
     mlp_bias: bool  # bias on gate/up/down (Llama's mlp_bias)
     sliding_window: int | None  # only when the model actually uses one
+    # a classification head's labels in row order (id2label; transformers' default is 2 labels)
+    labels: tuple[str, ...] = ()
+    hidden_act: str = "silu"  # the gated MLP's activation: "silu" or "gelu_tanh" (Gemma)
+    # Gemma2: score scale query_pre_attn_scalar ** -0.5, tanh soft-caps of attention logits and of
+    # the lm_head's logits, and each layer's sliding window (None: full attention)
+    query_pre_attn_scalar: float | None = None
+    attn_logit_softcapping: float | None = None
+    final_logit_softcapping: float | None = None
+    layer_windows: tuple[int | None, ...] = ()
 
     @property
     def is_causal_lm(self) -> bool:
@@ -68,15 +81,16 @@ class ModelConfig:
             raise ValueError(
                 f"unsupported model_type {model_type!r}; supported: {', '.join(SUPPORTED_MODEL_TYPES)}"
             )
-        act = d.get("hidden_act", "silu")
-        if act != "silu":
-            raise ValueError(f"unsupported hidden_act {act!r} (only silu / SwiGLU)")
+        act = _activation(d, model_type)
         heads = int(d["num_attention_heads"])
         hidden = int(d["hidden_size"])
         head_dim = d.get("head_dim") or hidden // heads
         theta, scaling = _rope(d)
         attention_bias = bool(d.get("attention_bias", False))
-        biased = model_type in ("llama", "qwen3") and attention_bias  # Mistral has no biases
+        biased = model_type in ("llama", "qwen3", *GEMMA) and attention_bias  # Mistral has no biases
+        gemma2 = model_type == "gemma2"
+        if gemma2 and d.get("use_bidirectional_attention"):
+            raise ValueError("use_bidirectional_attention is not served: attention here is causal")
         return cls(
             model_type=model_type,
             architectures=tuple(d.get("architectures") or ()),
@@ -96,7 +110,13 @@ class ModelConfig:
             qkv_bias=model_type == "qwen2" or biased,
             o_bias=biased,
             mlp_bias=model_type == "llama" and bool(d.get("mlp_bias", False)),  # Llama only
-            sliding_window=_sliding_window(d, model_type),
+            sliding_window=None if gemma2 else _sliding_window(d, model_type),
+            labels=_labels(d),
+            hidden_act=act,
+            query_pre_attn_scalar=float(d.get("query_pre_attn_scalar", 256)) if gemma2 else None,
+            attn_logit_softcapping=_optional(d, "attn_logit_softcapping") if gemma2 else None,
+            final_logit_softcapping=_optional(d, "final_logit_softcapping") if gemma2 else None,
+            layer_windows=_layer_windows(d, int(d["num_hidden_layers"])) if gemma2 else (),
         )
 
 
@@ -125,6 +145,44 @@ def _rope(d: dict[str, Any]) -> tuple[float, RopeScaling]:
         high_freq_factor=float(spec.get("high_freq_factor", 4.0)),
         original_max_position_embeddings=int(spec.get("original_max_position_embeddings", 8192)),
     )
+
+
+def _activation(d: dict[str, Any], model_type: str) -> str:
+    """"silu" (SwiGLU) or "gelu_tanh" (Gemma's GeGLU; its legacy "gelu" means the tanh form too)."""
+    if model_type in GEMMA:
+        act = d.get("hidden_activation") or d.get("hidden_act") or "gelu_pytorch_tanh"
+        if act not in ("gelu_pytorch_tanh", "gelu"):
+            raise ValueError(f"unsupported Gemma activation {act!r} (only gelu_pytorch_tanh)")
+        return "gelu_tanh"
+    act = d.get("hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"unsupported hidden_act {act!r} (only silu / SwiGLU)")
+    return "silu"
+
+
+def _optional(d: dict[str, Any], key: str) -> float | None:
+    return None if d.get(key) is None else float(d[key])
+
+
+def _layer_windows(d: dict[str, Any], layers: int) -> tuple[int | None, ...]:
+    """Gemma2's window per layer: `layer_types`, else sliding on even layers (transformers' default)."""
+    window = d.get("sliding_window")
+    types = d.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention"
+                                     for i in range(layers)]
+    if len(types) != layers or not set(types) <= {"sliding_attention", "full_attention"}:
+        raise ValueError(f"layer_types must name {layers} layers sliding_attention or full_attention")
+    return tuple(int(window) if t == "sliding_attention" and window else None for t in types)
+
+
+def _labels(d: dict[str, Any]) -> tuple[str, ...]:
+    """id2label's names by row ({"0": "neg", ...}); LABEL_i for num_labels rows (default 2) without it."""
+    id2label = d.get("id2label")
+    if id2label:
+        rows = {int(k): str(v) for k, v in id2label.items()}
+        if sorted(rows) != list(range(len(rows))):
+            raise ValueError(f"id2label must name rows 0..{len(rows) - 1}, got {sorted(rows)}")
+        return tuple(rows[i] for i in range(len(rows)))
+    return tuple(f"LABEL_{i}" for i in range(int(d.get("num_labels", 2))))
 
 
 def _sliding_window(d: dict[str, Any], model_type: str) -> int | None:

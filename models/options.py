@@ -10,7 +10,9 @@ import re
 
 POOLINGS = ("last-token", "mean", "cls")  # how an embedding model turns token states into one vector
 RADIX_ATTENTION = ("compact", "paper")  # attention over the trie's compact rows
-KINDS = ("embedding", "reranker")
+# what a runner serves: pooled vectors, one relevance score per (query, document), a score per
+# label (classification head), one score per text (a single-score head read as a reward)
+KINDS = ("embedding", "reranker", "classifier", "reward")
 TREE_ATTENTION = ("auto", "on", "off")  # tree (cascade) attention along the trie: models/tree_attention.py
 
 

@@ -14,44 +14,56 @@ from torch import Tensor
 
 from models.batch import ForwardBatch
 from models.options import POOLINGS
-from models.qwen3 import Qwen3Model
+from models.protocol import ScoringModel
 
 
-def pool(model: Qwen3Model, hidden: Tensor, batch: ForwardBatch, pooling: str) -> Tensor:
+def pool(model: ScoringModel, hidden: Tensor, batch: ForwardBatch, pooling: str) -> Tensor:
     """hidden [T, E] before the final norm -> [B, E] pooled, after the final norm."""
     if pooling == "last-token":
-        return model.norm(hidden.index_select(0, batch.last_rows))  # [B, E]
+        return model.final_norm(hidden.index_select(0, batch.last_rows))  # [B, E]
     if pooling == "cls":
-        return model.norm(hidden.index_select(0, batch.first_rows))  # [B, E]
+        return model.final_norm(hidden.index_select(0, batch.first_rows))  # [B, E]
     if pooling == "mean":
         if batch.mean_weights is None:
             raise ValueError("mean pooling needs a batch built with mean_pooling=True")
-        normed = model.norm(hidden).float()  # [T, E], T = N' in radix modes
+        normed = model.final_norm(hidden).float()  # [T, E], T = N' in radix modes
         return torch.sparse.mm(batch.mean_weights, normed)  # [B, E]
     raise ValueError(f"pooling must be one of {POOLINGS}, got {pooling!r}")
 
 
-def token_states(model: Qwen3Model, hidden: Tensor, rows: Tensor) -> Tensor:
+def token_states(model: ScoringModel, hidden: Tensor, rows: Tensor) -> Tensor:
     """hidden [T, E] before the final norm, rows [M] model rows -> [M, E] after the final norm.
 
     Per-token output (/embed_all): each original token reads its compact row (rows = the
     index's scatter for those tokens), so shared prefixes are computed once and copied out.
     """
-    return model.norm(hidden.index_select(0, rows))  # [M, E]
+    return model.final_norm(hidden.index_select(0, rows))  # [M, E]
 
 
-def rerank_logits(model: Qwen3Model, hidden: Tensor, batch: ForwardBatch, *,
+def rerank_logits(model: ScoringModel, hidden: Tensor, batch: ForwardBatch, *,
                   yes_id: int, no_id: int) -> Tensor:
     """[B] raw scores logit("yes") - logit("no") at each sequence's last token."""
-    h = model.norm(hidden.index_select(0, batch.last_rows))  # [B, E]
+    h = model.final_norm(hidden.index_select(0, batch.last_rows))  # [B, E]
     w = model.head_weight()
     # NOTE: row views by Python int: no index tensor built from host data (a blocking copy on
     # CUDA) inside the forward. Never the full vocabulary.
     rows = torch.stack((w[model.head_row(yes_id)], w[model.head_row(no_id)]))  # [2, E]
     # NOTE: fp32 from here: bf16 logits near 10 are 1/16 apart, and their difference (the score)
     # would be quantised as coarsely, tying documents that differ.
-    logits = h.float() @ rows.float().t()  # [B, 2]
+    logits = model.final_logits(h.float() @ rows.float().t())  # [B, 2] (Gemma2: soft-capped)
     return logits[:, 0] - logits[:, 1]
+
+
+def classify_logits(model: ScoringModel, hidden: Tensor, batch: ForwardBatch) -> Tensor:
+    """[B, labels] fp32 logits of the `score` head at each sequence's last token.
+
+    NOTE: a ForSequenceClassification checkpoint reads the last non-pad token; our sequences are
+    unpadded, so that is each sequence's last row.
+    """
+    head = model.score_head()
+    assert head is not None  # load_runner builds it for every score-head kind
+    h = model.final_norm(hidden.index_select(0, batch.last_rows))  # [B, E]
+    return h.float() @ head.weight.float().t()  # [B, labels]
 
 
 def normalize(emb, dimensions: int | None = None):

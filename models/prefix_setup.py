@@ -20,8 +20,9 @@ log = logging.getLogger("models.runner")  # the start-up lines of loading, under
 
 
 def head_pooling(kind: str, pooling: str) -> str:
-    """The rows the head reads: a reranker scores each sequence's last token whatever `pooling`."""
-    return "last-token" if kind == "reranker" else pooling
+    """The rows the head reads: every head but an embedding's scores each sequence's last token
+    whatever `pooling`."""
+    return pooling if kind == "embedding" else "last-token"
 
 
 def start_prefix_cache(runner: Any, size, *, max_batch_tokens: int) -> tuple[PrefixCache | None, dict]:

@@ -10,10 +10,8 @@ through the trie's scatter (never an uncompacted forward); their batch skips the
 """
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -21,22 +19,24 @@ from tokenizers import Tokenizer
 
 import kernels
 from models.attention import to_device
-from models.attention_lse import select_cpu_kernel
-from models.attention_select import select_backend
 from models.batch import ForwardBatch, build_forward_batch
+from models.checkpoint_dir import detect_kind, detect_pooling, read_prompts, token_id
 from models.config import ModelConfig
-from models.linear import pack_linears
 from models.loader import (default_device, describe_memory, load_weights, memory_report, parse_dtype,
                            resolve_model_dir)
 from models.options import KINDS, POOLINGS, RADIX_ATTENTION, check_radix_mlp_threshold, use_index
-from models.pooling import pool, rerank_logits, token_states
+from models.pooling import classify_logits, pool, rerank_logits, token_states
 from models.prefix_cache import DEFAULT_SIZE, PrefixCache, cache_refusal, capacity_tokens
 from models.prefix_setup import head_pooling, start_prefix_cache
-from models.qwen3 import AttentionOps, Qwen3Model
+from models.runner_setup import cpu_attention_kernel, pack, select_paths
+from models.layers import AttentionOps
+from models.protocol import ScoringModel
 from models import streams
+from models.registry import (SCORE_HEAD, build_model, check_kind, default_kind, family_rerank, family_spec,
+                             resolve as resolve_family)
 from models.radix import RadixIndex, build_index, positions_from_cu_seqlens
 from models.tree_attention import POLICIES as TREE_POLICIES, attach_tree
-from models.tree_select import TreeBackend, describe_tree, select_tree
+from models.tree_select import TreeBackend, describe_tree
 from models.warmup import warm_up
 
 log = logging.getLogger(__name__)
@@ -45,8 +45,7 @@ MAX_SEQS = 65535  # sequences per batch: CUDA attention kernels launch one grid 
 
 def _same(x: torch.Tensor) -> torch.Tensor:
     return x
-_POOLING_KEYS = (("pooling_mode_lasttoken", "last-token"), ("pooling_mode_mean_tokens", "mean"),
-                 ("pooling_mode_cls_token", "cls"))
+
 
 
 @dataclass(frozen=True)
@@ -66,11 +65,12 @@ class PreparedBatch:
 
 @dataclass
 class Runner:
+    # "embedding" [B, E] | "reranker" [B] | "classifier" [B, labels] | "reward" [B] (docs/architecture.md)
     kind: str
     model_id: str
     config: ModelConfig
     tokenizer: Tokenizer
-    model: Qwen3Model
+    model: ScoringModel
     device: torch.device
     dtype: torch.dtype
     pooling: str
@@ -82,6 +82,11 @@ class Runner:
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     yes_id: int | None = None
+    head: str = "pooling"  # what produces the output: "pooling", "yes-no" (lm_head rows), "score"
+    # a reranker's template name and default instruction (the family's RerankSpec)
+    rerank_template: str = "qwen3-reranker"
+    rerank_instruction: str = ""
+    labels: tuple[str, ...] = ()  # a score head's labels, row order (id2label)
     no_id: int | None = None
     radix_mlp_threshold: float = 0.95  # the trie gate (models.options.use_index)
     prefix_cache: PrefixCache | None = None  # None: off (size 0, or a mode it cannot serve)
@@ -195,6 +200,9 @@ class Runner:
         return self._head(hidden, batch)
 
     def _head(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        if self.head == "score":
+            logits = classify_logits(self.model, hidden, batch)  # [B, labels]
+            return logits if self.kind == "classifier" else logits[:, 0]  # one score: [B]
         if self.kind == "reranker":
             assert self.yes_id is not None and self.no_id is not None  # load_runner sets both
             return rerank_logits(self.model, hidden, batch, yes_id=self.yes_id, no_id=self.no_id)
@@ -215,7 +223,7 @@ class Runner:
             with torch.inference_mode():
                 streams.await_copies(prepared.ready, streams.device_tensors(prepared), self.device)
                 if batch.num_seqs == 0:
-                    shape = (0,) if self.kind == "reranker" else (0, self.hidden_size)
+                    shape = self.output_shape(0)
                     out = torch.zeros(shape, dtype=torch.float32)
                 elif prepared.token_items:
                     out = self._run_tokens(prepared)
@@ -228,6 +236,12 @@ class Runner:
         if batch.cache is not None:
             batch.cache.commit()
         return out if self.defer_copies else streams.settled(out)
+
+    def output_shape(self, n: int) -> tuple[int, ...]:
+        """The shape of `run`'s pooled answer for n sequences."""
+        if self.kind == "classifier":
+            return (n, len(self.labels))
+        return (n, self.hidden_size) if self.kind == "embedding" else (n,)
 
     def _run_tokens(self, prepared: PreparedBatch) -> list | streams.HostCopy:
         batch = prepared.forward
@@ -244,42 +258,6 @@ class Runner:
             return out
 
         return streams.to_host((pooled, states), finish)
-
-
-def detect_kind(model_dir: Path, cfg: ModelConfig) -> str:
-    if (model_dir / "modules.json").is_file() or (model_dir / "config_sentence_transformers.json").is_file():
-        return "embedding"
-    if cfg.is_causal_lm:
-        return "reranker"
-    return "embedding"
-
-
-def detect_pooling(model_dir: Path) -> str:
-    path = model_dir / "1_Pooling" / "config.json"
-    if path.is_file():
-        conf = json.loads(path.read_text())
-        for key, name in _POOLING_KEYS:
-            if conf.get(key):
-                return name
-    return "last-token"
-
-
-def _prompts(model_dir: Path) -> tuple[dict[str, str], str | None]:
-    path = model_dir / "config_sentence_transformers.json"
-    if not path.is_file():
-        return {}, None
-    conf = json.loads(path.read_text())
-    return dict(conf.get("prompts") or {}), conf.get("default_prompt_name")
-
-
-def _token_id(tok: Tokenizer, word: str) -> int:
-    tid = tok.token_to_id(word)
-    if tid is None:
-        ids = tok.encode(word, add_special_tokens=False).ids
-        if len(ids) != 1:
-            raise ValueError(f"reranker needs {word!r} to be one token, got ids {ids}")
-        tid = ids[0]
-    return int(tid)
 
 
 def load_runner(model_id: str, *, revision: str | None = None, device=None, dtype=None,
@@ -309,36 +287,37 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     capacity_tokens(prefix_cache_size, 1)  # a malformed size fails before the weights load
     model_dir = resolve_model_dir(model_id, revision)
     cfg = ModelConfig.from_pretrained_dir(model_dir)
+    family = resolve_family(cfg.model_type, cfg.architectures)  # refuses what we would serve wrong
     device = torch.device(device) if device is not None else default_device()
     dtype = parse_dtype(dtype, device)
-    kind = kind or detect_kind(model_dir, cfg)
+    kind = kind or default_kind(family, len(cfg.labels)) or detect_kind(model_dir, cfg)
+    check_kind(family, kind, len(cfg.labels))
+    head = "score" if family.head == SCORE_HEAD else "yes-no" if kind == "reranker" else "pooling"
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
 
-    backend = select_backend(device, dtype=dtype, heads=cfg.num_attention_heads,
-                             kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
-    log.info("attention backend %s on %s %s; not used: %s", backend.name, device,
-             str(dtype).replace("torch.", ""),
-             "; ".join(f"{k} ({v})" for k, v in backend.rejected.items()) or "none")
-    tree_path, tree_rejected = select_tree(device, dtype=dtype, heads=cfg.num_attention_heads,
-                                           kv_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim)
-    log.info("tree attention %s: %s", tree_attention,
-             tree_path.name if tree_path else "no path (" + "; ".join(f"{k}: {v}" for k, v in tree_rejected.items()) + ")")
+    backend, tree_path, tree_rejected = select_paths(cfg, family_spec(family, cfg), device=device, dtype=dtype,
+                                                     tree_attention=tree_attention)
     ops = AttentionOps(backend, kernels.get_gather_rows(device), kernels.get_gather_rows_pair(device))
     yes_id = no_id = None
-    if kind == "reranker":
-        yes_id, no_id = _token_id(tokenizer, "yes"), _token_id(tokenizer, "no")
+    rerank = family_rerank(family)
+    if head == "yes-no":
+        yes_id, no_id = token_id(tokenizer, rerank.yes), token_id(tokenizer, rerank.no)
+    labels = cfg.labels if head == "score" else ()
     with torch.device("meta"):
-        model = Qwen3Model(cfg, ops, rope_device=device, lm_head=kind == "reranker")
+        model = build_model(family, cfg, ops, rope_device=device, lm_head=head == "yes-no",
+                            num_labels=len(labels))
         if yes_id is not None and no_id is not None:
             model.keep_head_rows((yes_id, no_id))  # the score reads these two rows only
     load_weights(model, model_dir, device=device, dtype=dtype, take_rows=model.head_rows())
     model.eval()
     memory = memory_report(model, device)
     log.info("weights loaded: %s", describe_memory(memory))
-    linear = _pack(model, device=device, dtype=dtype, wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
-    cpu_attention = _cpu_attention(cfg, device=device, dtype=dtype, wanted=cpu_packed_weights)
+    linear = pack(model, device=device, dtype=dtype, wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
+    cpu_attention = cpu_attention_kernel(cfg, device=device, dtype=dtype, wanted=cpu_packed_weights)
+    if cpu_attention and backend.name == "spec-varlen":  # the blocks' kernels do not run at all
+        cpu_attention = "spec-varlen (the checkpoint's soft-cap or window; no CPU block kernel)"
 
-    prompts, default_prompt_name = _prompts(model_dir)
+    prompts, default_prompt_name = read_prompts(model_dir)
     pooling = pooling or detect_pooling(model_dir)
     max_positions = cfg.max_position_embeddings
     if cfg.sliding_window is not None:  # beyond the window our full causal attention is wrong
@@ -349,7 +328,8 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         radix_attention=radix_attention, attention_backend=backend.name,
         kernels=kernels.describe(device), max_positions=max_positions,
         hidden_size=cfg.hidden_size, prompts=prompts, default_prompt_name=default_prompt_name,
-        yes_id=yes_id, no_id=no_id, radix_mlp_threshold=radix_mlp_threshold,
+        yes_id=yes_id, no_id=no_id, head=head, labels=labels, rerank_template=rerank.template,
+        rerank_instruction=rerank.instruction, radix_mlp_threshold=radix_mlp_threshold,
         attention_rejected=dict(backend.rejected), linear=linear, memory=memory,
         tree_attention=tree_attention, tree_path=tree_path, tree_rejected=tree_rejected,
         cpu_attention=cpu_attention,
@@ -357,33 +337,6 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     runner.prefix_cache, runner.prefix_cache_report = start_prefix_cache(runner, prefix_cache_size,
                                                                          max_batch_tokens=max_batch_tokens)
     return runner
-
-
-def _pack(model: Qwen3Model, *, device: torch.device, dtype: torch.dtype, wanted: bool,
-          keep_dense: bool) -> str:
-    """Pack the linears where it pays (CPU float32); say at start which path runs and why."""
-    if not wanted:
-        log.info("linear layers: F.linear (cpu_packed_weights off)")
-        return "F.linear"
-    reason = pack_linears(model, device=device, dtype=dtype, keep_dense=keep_dense)
-    if reason is None:
-        log.info("linear layers: oneDNN with weights packed at load (CPU float32%s)",
-                 "" if keep_dense else "; the packed copy is the only one")
-        return "onednn-packed"
-    # NOTE: not packing is the normal case off the CPU; on the CPU in fp32 it is a slow path
-    (log.warning if device.type == "cpu" and dtype == torch.float32 else log.info)(
-        "linear layers: F.linear (%s)", reason)
-    return "F.linear"
-
-
-def _cpu_attention(cfg: ModelConfig, *, device: torch.device, dtype: torch.dtype, wanted: bool) -> str:
-    """Which kernel serves the CPU's attention blocks (measured at load; logged); "" off the CPU."""
-    if device.type != "cpu" or dtype != torch.float32:
-        return ""
-    report = select_cpu_kernel(wanted, heads=cfg.num_attention_heads, kv_heads=cfg.num_key_value_heads,
-                               head_dim=cfg.head_dim)
-    log.info("CPU attention blocks: %s", report)
-    return report
 
 
 def namespace_groups(namespaces) -> np.ndarray | None:

@@ -20,6 +20,7 @@ import torch
 
 from models.attention import make_meta, sdpa_varlen
 from models.attention_select import HALF, Shape
+from models.attention_spec import AttentionSpec, refusal
 from models.tree_attention import TreeFn, auto_plans_tree, plan_tree, tree_cpu, tree_varlen
 
 log = logging.getLogger(__name__)
@@ -112,7 +113,7 @@ def probe_tree(fn: TreeFn, device: torch.device, dtype: torch.dtype, shape: Shap
 
 
 def select_tree(device: torch.device | str, *, dtype: torch.dtype, heads: int, kv_heads: int,
-                head_dim: int) -> tuple[TreeBackend | None, dict[str, str]]:
+                head_dim: int, spec: AttentionSpec | None = None) -> tuple[TreeBackend | None, dict[str, str]]:
     """(the tree-attention path for this device, or None; {path: why not}).
 
     CPU: the per-segment flash calls with their log-sum-exp. CUDA: flash-attn, then torch's
@@ -120,6 +121,8 @@ def select_tree(device: torch.device | str, *, dtype: torch.dtype, heads: int, k
     tree attention is off.
     """
     device = torch.device(device)
+    if spec is not None and spec.needs():  # no tree path soft-caps or windows its segments
+        return None, {n: refusal(n, frozenset(), spec) or "" for n in TREE_FACTORIES}
     shape = Shape(heads, kv_heads, head_dim)
     names = (["cpu-flash"] if device.type == "cpu"
              else ["flash-attn-lse", "torch-varlen-lse", "aten-flash-lse"])

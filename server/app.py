@@ -27,7 +27,7 @@ from server.http.docs import install_docs
 from server.http.errors import install_handlers
 from server.http.front_door import FrontDoor
 from server.http.lifecycle import DrainGate, Lifecycle
-from server.routes import cohere, infinity, openai, ops, tei
+from server.routes import cohere, infinity, openai, ops, tei, vllm
 from server.service.contract import ServedRunner, ServedScheduler
 from server.service.core import Limits, Service
 from server.service.info import build_info, startup_line, version
@@ -54,6 +54,7 @@ def load_runner(config: ServerConfig) -> ServedRunner:
         dtype=config.dtype,
         radix_attention=config.radix_attention,
         pooling=config.pooling,
+        kind=config.load_kind,
         radix_mlp_threshold=config.radix_mlp_threshold,
         prefix_cache_size=config.prefix_cache_size,
         cpu_packed_weights=config.cpu_packed_weights,
@@ -193,6 +194,7 @@ def create_app(config: ServerConfig, runner: ServedRunner | None = None,
                                            allow_token_ids=config.allow_token_ids))
     app.include_router(cohere.build_router(service, model_name=config.model_name))
     app.include_router(infinity.build_router(service, model_name=config.model_name))
+    app.include_router(vllm.build_router(service, model_name=config.model_name))
     app.include_router(ops.build_router(service, info=info))
     install_docs(app, title="radixserve")
     add_middleware(app, config, lifecycle, on_error=on_error)

@@ -30,7 +30,9 @@ DEFAULT_MODEL_ID = "Qwen/Qwen3-Embedding-0.6B"
 _NO_KEY = frozenset({"", "none", "null", "nil", "false", "no", "off", "0"})
 
 # vLLM's pooling tasks -> the model kind that serves them here (a reranker's head gives the score).
-TASK_KINDS = {"embed": "embedding", "classify": "reranker", "score": "reranker", "reward": "reranker"}
+TASK_KINDS = {"embed": "embedding", "classify": "classifier", "score": "reranker", "reward": "reward"}
+# Tasks that choose the head's kind at load (a one-label score head serves either, models.registry).
+LOAD_KIND_TASKS = ("classify", "reward")
 TASKS = tuple(TASK_KINDS)
 
 
@@ -185,11 +187,16 @@ class ServerConfig:
         """Refuse a checkpoint whose kind cannot serve ``--model-task`` (known only once it is loaded)."""
         if self.model_task is not None and TASK_KINDS[self.model_task] != kind:
             want = TASK_KINDS[self.model_task]
-            fits = "embed" if kind == "embedding" else "score (or classify, reward)"
+            fits = {v: k for k, v in TASK_KINDS.items()}.get(kind, "embed")
             raise ValueError(
                 f"--model-task (vLLM's --task) {self.model_task} needs {'an' if want == 'embedding' else 'a'} "
                 f"{want} model, but {self.model_id} is {'an' if kind == 'embedding' else 'a'} {kind}: give "
                 f"{fits}, or leave it out")
+
+    @property
+    def load_kind(self) -> str | None:
+        """The head kind to load the checkpoint as, where ``--model-task`` chooses it."""
+        return TASK_KINDS[self.model_task] if self.model_task in LOAD_KIND_TASKS else None
 
     @property
     def hub_token(self) -> str | None:

@@ -112,11 +112,20 @@ def test_a_task_the_checkpoint_cannot_serve_is_refused_at_start(tiny_reranker_di
 
 
 @pytest.mark.parametrize("task,kind,ok", [("embed", "embedding", True), ("score", "reranker", True),
-                                          ("classify", "embedding", False), (None, "reranker", True)])
+                                          ("classify", "classifier", True), ("reward", "reward", True),
+                                          ("classify", "embedding", False), ("score", "classifier", False),
+                                          (None, "reranker", True)])
 def test_check_kind(task, kind, ok):
     config = ServerConfig(model_task=task)
     if ok:
         config.check_kind(kind)
     else:
-        with pytest.raises(ValueError, match="needs a reranker model"):
+        with pytest.raises(ValueError, match="needs an? (classifier|reranker) model"):
             config.check_kind(kind)
+
+
+@pytest.mark.parametrize("task,load", [("embed", None), ("score", None), ("classify", "classifier"),
+                                       ("reward", "reward"), (None, None)])
+def test_classify_and_reward_choose_the_heads_kind_at_load(task, load):
+    # a one-label score head serves as a reranker by default; vLLM's task picks classifier or reward
+    assert ServerConfig(model_task=task).load_kind == load

@@ -145,7 +145,10 @@ class SimpleToken(BaseModel):
 class Info(BaseModel):
     model_id: str
     model_dtype: str
-    model_type: dict = Field(description='{"embedding": {"pooling": ...}} or {"reranker": {...}}')
+    model_type: dict = Field(description='{"embedding": {"pooling": ...}}, {"reranker": {...}}, '
+                                         '{"classifier": {"id2label": ...}} or {"reward": {...}}')
+    head: str = Field("pooling", description="pooling, yes-no (two lm_head rows) or score (a classification head)")
+    routes: list[str] = Field(default_factory=list, description="the POST routes that run this model")
     max_concurrent_requests: int
     max_input_length: int
     max_batch_tokens: int

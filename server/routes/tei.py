@@ -1,6 +1,10 @@
 """TEI's dialect: POST /embed, /rerank, /similarity, /embed_all, /tokenize, /decode, POST / and
-/invocations (dispatch), GET / and /ping (health); /predict and /embed_sparse (classifiers and
-SPLADE, not served here) answer a 400 that names the route to use.
+/invocations (dispatch), /predict (a classifier), GET / and /ping (health); /embed_sparse (SPLADE,
+not served here) answers a 400 that names the route to use.
+
+/predict: `inputs` a string, a pair [str, str], or a batch [[str] or [str, str], ...] -> for each
+input every label's {score, label}, by score descending: softmax over the labels (sigmoid for a
+one-label head), the head's logits with `raw_scores`; a batch answers a list per input.
 
 /embed: inputs str or [str] -> [[float]], normalized unless normalize=false, Matryoshka
 ``dimensions`` cut first. /rerank: query + texts -> [{index, score, text?}] by score, descending
@@ -21,24 +25,26 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Union, cast
+from typing import Any, Union, cast
 
 from fastapi import APIRouter, Request, Response
 
-from models import prompts
 from server.http.bodies import openapi_body, parse_body
 from server.http.errors import ApiError
 from server.routes.schemas import EmbedRequest, Rank, RerankRequest, SimpleToken, TokenizeRequest
 from server.routes.cohere import CohereRoutes
 from server.routes.schemas_compat import (CohereEmbedRequest, DecodeRequest, DocumentsRerankRequest,
                                           DocumentsRerankResponse, EmbedAllRequest, SimilarityRequest)
+from server.routes.schemas_scoring import Prediction, PredictRequest
+from server.service import scoring
+from server.service.heads import use_instead
 from server.service.core import Call, Service
 from server.service.encoding import RECORD_VALUES, dumps, float_array, json_answer, ragged_array, render
 from server.service.results import ranked
 
 DISPATCHED = ("/", "/invocations")
 # TEI routes of model kinds not served here -> what they serve (their answer names the route to use).
-UNSERVED = {"/predict": "sequence classification models", "/embed_sparse": "SPLADE sparse embeddings"}
+UNSERVED = {"/embed_sparse": "SPLADE sparse embeddings"}
 
 
 def embedding_body(data: dict) -> type[EmbedRequest | SimilarityRequest | CohereEmbedRequest]:
@@ -64,6 +70,24 @@ def root_rerank_body(data: dict) -> type[RerankRequest | DocumentsRerankRequest]
 def rerank_body(data: dict) -> type[RerankRequest | DocumentsRerankRequest]:
     """/rerank's two shapes: TEI's (``texts``), or Cohere/Jina/Infinity/vLLM's (``documents``, no ``texts``)."""
     return DocumentsRerankRequest if "documents" in data and "texts" not in data else RerankRequest
+
+
+def predict_items(inputs: str | list[str] | list[list[str]]) -> tuple[list[scoring.Text], bool]:
+    """TEI's /predict inputs -> (texts and pairs, is it a batch): a string or [str] or [str, str]
+    is one input; a list of lists is a batch of [str] or [str, str]."""
+    if isinstance(inputs, str):
+        return [inputs], False
+    if inputs and all(isinstance(x, str) for x in inputs):
+        return [_sequence(cast("list[str]", inputs))], False
+    return [_sequence(cast("list[str]", x)) for x in inputs], True
+
+
+def _sequence(parts: list[str]) -> scoring.Text:
+    if len(parts) == 1:
+        return parts[0]
+    if len(parts) == 2:
+        return (parts[0], parts[1])
+    raise ApiError("validation", f"an input is a string or a pair of strings, got a list of {len(parts)}")
 
 
 def texts_of(inputs: str | list[str]) -> list[str]:
@@ -106,7 +130,7 @@ class TeiRoutes:
         result = await service.rerank(
             request, call, body.query, body.texts, truncate=service.truncate(body.truncate),
             direction=body.truncation_direction,
-            instruction=body.instruction if body.instruction is not None else prompts.DEFAULT_INSTRUCTION,
+            instruction=body.instruction if body.instruction is not None else self.service.runner.rerank_instruction,
         )
 
         def build() -> bytes:
@@ -128,7 +152,7 @@ class TeiRoutes:
         service.check_inputs(len(texts), empty=body.query == "", what="documents")
         result = await service.rerank(
             request, call, body.query, texts, truncate=service.truncate(None), direction="right",
-            instruction=body.instruction if body.instruction is not None else prompts.DEFAULT_INSTRUCTION,
+            instruction=body.instruction if body.instruction is not None else self.service.runner.rerank_instruction,
         )
 
         def build() -> bytes:
@@ -189,9 +213,32 @@ class TeiRoutes:
         body = await parse_body(request, SimilarityRequest, max_items=self.max_items)
         return await self.answer_similarity(request, body, call)
 
+    async def predict(self, request: Request) -> Response:
+        """TEI classification: a text, a pair or a batch -> [{score, label}] per input, sorted."""
+        service = self.service
+        call = service.begin("predict")
+        service.require("classifier", "/predict")
+        body = await parse_body(request, PredictRequest, max_items=self.max_items)
+        items, batch = predict_items(body.inputs)
+        service.check_inputs(len(items), empty=any(t == "" for t in items))
+        out = await scoring.logits(service, request, call, items, truncate=service.truncate(body.truncate),
+                                   direction=body.truncation_direction)
+
+        def build() -> bytes:
+            scores = out.values if body.raw_scores else out.probabilities()
+            answers = [[{"score": float(row[j]), "label": out.labels[j]} for j in ranked(list(row))]
+                       for row in scores]
+            return dumps(answers if batch else answers[0])
+
+        return json_answer(await render(build, weight=RECORD_VALUES * len(items) * len(out.labels)),
+                           out.usage.headers())
+
     async def dispatch(self, request: Request) -> Response:
+        if self.service.runner.kind == "classifier":
+            return await self.predict(request)
         if self.service.runner.kind == "reranker":
             return await self.answer_any_rerank(request, self.service.begin("rerank"), pick=root_rerank_body)
+        self.service.require("embedding", request.url.path)  # a reward model: 400 naming /pooling
         start = time.perf_counter()
         parsed: EmbedRequest | SimilarityRequest | CohereEmbedRequest | None = None
         try:
@@ -248,11 +295,11 @@ class TeiRoutes:
         """TEI's routes for model kinds this server does not run: a 400 that names the route to use."""
         path = request.url.path
         what = UNSERVED[path]
-        use = "/rerank or /v1/rerank" if self.service.runner.kind == "reranker" else "/embed or /v1/embeddings"
         raise ApiError(
             "wrong_model",
-            f"{path} serves {what}; this server serves dense embeddings and rerankers (it runs a "
-            f"{self.service.runner.kind} model, {self.service.runner.model_id}): use {use}",
+            f"{path} serves {what}; this server serves dense embeddings and rerankers, and classification "
+            f"heads (it runs a {self.service.runner.kind} model, {self.service.runner.model_id}): use "
+            f"{use_instead(self.service.runner.kind)}",
         )
 
     async def healthy(self) -> Response:
@@ -278,6 +325,7 @@ def build_router(service: Service, *, model_name: str) -> APIRouter:
     post("/similarity", tei.similarity, list[float], SimilarityRequest)
     post("/embed_all", tei.embed_all, list[list[list[float]]], EmbedAllRequest)
     post("/decode", tei.decode, list[str], DecodeRequest)
+    post("/predict", tei.predict, Union[list[Prediction], list[list[Prediction]]], PredictRequest)
     for path, what in UNSERVED.items():
         router.add_api_route(path, tei.not_served, methods=["POST"], tags=["TEI"],
                              summary=f"Not served: {what}; answers 400 naming the route to use")
@@ -286,16 +334,18 @@ def build_router(service: Service, *, model_name: str) -> APIRouter:
 
 def add_dispatch(router: APIRouter, tei: TeiRoutes) -> None:
     """POST / and /invocations, documented as the route they dispatch to."""
-    reranker = tei.service.runner.kind == "reranker"
-    targets = "/rerank" if reranker else "/embed or /similarity"
+    kind = tei.service.runner.kind
+    targets = {"reranker": "/rerank", "classifier": "/predict"}.get(kind, "/embed or /similarity")
+    response: Any = {"reranker": Union[list[Rank], DocumentsRerankResponse],
+                     "classifier": Union[list[Prediction], list[list[Prediction]]]}.get(
+        kind, Union[list[list[float]], list[float]])
+    body = {"reranker": openapi_body(RerankRequest, DocumentsRerankRequest),
+            "classifier": openapi_body(PredictRequest)}.get(kind, openapi_body(EmbedRequest, SimilarityRequest))
     for path in DISPATCHED:
         router.add_api_route(
             path, tei.dispatch, methods=["POST"], tags=["TEI"], summary=f"TEI compat: dispatch to {targets}",
             description=f"Served as {targets} would serve the same body (an embedding model takes /similarity's "
                         "body when `inputs` is an object)." + (" SageMaker's route." if path == "/invocations" else ""),
-            response_model=(Union[list[Rank], DocumentsRerankResponse] if reranker
-                            else Union[list[list[float]], list[float]]),
-            openapi_extra=(openapi_body(RerankRequest, DocumentsRerankRequest) if reranker
-                           else openapi_body(EmbedRequest, SimilarityRequest)),
+            response_model=response, openapi_extra=body,
             operation_id=f"dispatch_{'root' if path == '/' else 'invocations'}_post",
         )

@@ -15,7 +15,11 @@ from scheduler.metrics import Metrics
 
 
 class ServedRunner(ModelRunner, Protocol):
-    kind: str  # "embedding" | "reranker"
+    kind: str  # "embedding" | "reranker" | "classifier" | "reward"
+    head: str  # "pooling" | "yes-no" (two lm_head rows) | "score" (a classification head)
+    labels: tuple[str, ...]  # a score head's labels in row order; () otherwise
+    rerank_template: str  # a reranker's template name (/info)
+    rerank_instruction: str  # a reranker's default instruction (the family's)
     model_id: str
     config: Any  # the model config: ``vocab_size`` bounds valid token ids
     tokenizer: Any  # a ``tokenizers.Tokenizer``

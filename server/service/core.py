@@ -28,6 +28,7 @@ from server.http.errors import ApiError, ClientGone, internal_message
 from server.http.request_id import request_id
 from server.service.contract import ServedRunner, ServedScheduler
 from server.service.encoding import render
+from server.service.heads import use_instead
 from server.service.permits import Permits
 from server.service.results import (Embeddings, Scores, Similarities, TokenStates, Usage, cosines,
                                     shape_vectors)
@@ -83,7 +84,7 @@ class Service:
 
     def require(self, kind: str, route: str) -> None:
         if self.runner.kind != kind:
-            other = "/rerank or /v1/rerank" if self.runner.kind == "reranker" else "/embed or /v1/embeddings"
+            other = use_instead(self.runner.kind)  # every route this model's head serves
             raise ApiError(
                 "wrong_model",
                 f"{route} needs a model of kind {kind!r}, but this server runs a model of kind "

@@ -11,6 +11,7 @@ from importlib import metadata
 from pathlib import Path
 
 from server.config import ServerConfig
+from server.service import heads
 from server.service.contract import ServedRunner
 
 
@@ -22,10 +23,8 @@ def version() -> str:
 
 
 def model_type(runner: ServedRunner) -> dict:
-    """TEI-style: {"embedding": {"pooling": ...}} or {"reranker": {...}}."""
-    if runner.kind == "reranker":
-        return {"reranker": {"score": "sigmoid(logit('yes') - logit('no'))", "template": "qwen3-reranker"}}
-    return {"embedding": {"pooling": runner.pooling}}
+    """TEI-style: {"embedding": {...}}, {"reranker": {...}}, {"classifier": {...}}, {"reward": {...}}."""
+    return heads.model_type(runner)
 
 
 def model_sha(model_id: str, revision: str | None, cache_dir: str | None = None) -> str | None:
@@ -58,6 +57,8 @@ def build_info(config: ServerConfig, runner: ServedRunner, *, max_input_length: 
         "prompts": dict(runner.prompts or {}),
         "model_dtype": str(runner.dtype).replace("torch.", ""),
         "model_type": model_type(runner),
+        "head": runner.head,  # what produces the answer: pooling, yes-no (lm_head rows), score
+        "routes": list(heads.routes(runner.kind)),  # the POST routes that run this model
         "max_concurrent_requests": config.max_concurrent_requests,
         "max_input_length": max_input_length,
         "max_batch_tokens": config.max_batch_tokens,

@@ -1,0 +1,105 @@
+"""The Gemma family (Gemma, Gemma2) over one ragged token list.
+
+What differs from the Qwen3 family, each where the checkpoint's config asks for it:
+- embeddings scaled by sqrt(hidden_size) (rounded to the activations' dtype, as transformers does);
+- RMSNorm times (1 + weight), normalised and scaled in fp32, then cast;
+- GeGLU: the gated MLP with tanh-approximated GELU;
+- Gemma2: attention scores scaled by query_pre_attn_scalar ** -0.5 and soft-capped
+  (c * tanh(s / c)), a sliding window on the layers `layer_types` names, norms after attention and
+  around the MLP ("sandwich" norms), and the lm_head's logits soft-capped (`final_logits`: the
+  yes/no reranker's two logits pass through it; a classification head does not).
+Soft-caps and windows are served by the attention spec (models/attention_spec.py): backends and
+tree paths that cannot honour them are refused at load, with the reason logged.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from models.attention_spec import AttentionSpec
+from models.batch import ForwardBatch
+from models.config import ModelConfig
+from models.layers import MLP, Attention, AttentionOps, RMSNorm, Rotary
+from models.prompts import DEFAULT_INSTRUCTION
+from models.protocol import RerankSpec, ScoringModel
+
+
+# The yes/no reranker of this family, served on the Qwen3-Reranker template and words (the only
+# template models/prompts.py builds).
+RERANK = RerankSpec(template="qwen3-reranker", yes="yes", no="no", instruction=DEFAULT_INSTRUCTION)
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, ops: AttentionOps, layer_idx: int):
+        super().__init__()
+        e, eps = cfg.hidden_size, cfg.rms_norm_eps
+        self.input_layernorm = RMSNorm(e, eps, offset=1.0)
+        spec = attention_spec(cfg)
+        window = cfg.layer_windows[layer_idx] if cfg.layer_windows else None
+        self.self_attn = Attention(cfg, ops, layer_idx, scale=spec.scale, softcap=spec.softcap, window=window)
+        self.post_attention_layernorm = RMSNorm(e, eps, offset=1.0)
+        self.sandwich = cfg.model_type == "gemma2"
+        if self.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(e, eps, offset=1.0)
+            self.post_feedforward_layernorm = RMSNorm(e, eps, offset=1.0)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], batch: ForwardBatch) -> Tensor:
+        if not self.sandwich:  # Gemma: pre-norm, as Llama
+            x = x + self.self_attn(self.input_layernorm(x), rope, batch)
+            return x + self.mlp(self.post_attention_layernorm(x))
+        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rope, batch))
+        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+
+
+class GemmaModel(ScoringModel):
+    """Decoder stack; forward returns hidden states *before* the final norm."""
+
+    def __init__(self, cfg: ModelConfig, ops: AttentionOps, *, rope_device: torch.device,
+                 lm_head: bool = False, num_labels: int = 0):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, ops, i) for i in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, offset=1.0)
+        if lm_head and not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if num_labels:
+            self.score = nn.Linear(cfg.hidden_size, num_labels, bias=False)
+        self.rotary = Rotary(cfg, rope_device)
+        self.embed_scale = math.sqrt(cfg.hidden_size)
+        self.final_cap = cfg.final_logit_softcapping
+
+    def final_norm(self, x: Tensor) -> Tensor:
+        return self.norm(x)
+
+    def final_logits(self, logits: Tensor) -> Tensor:
+        if self.final_cap is None:
+            return logits
+        return self.final_cap * torch.tanh(logits / self.final_cap)
+
+    def forward(self, input_ids: Tensor, positions: Tensor, batch: ForwardBatch) -> Tensor:
+        x = self.embed_tokens(input_ids)  # [T, E]
+        # NOTE: the scale is rounded to the activations' dtype first (bf16: 8.0 for hidden 64 stays exact)
+        x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
+        rope = self.rotary(positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, rope, batch)
+        return x  # [T, E]
+
+
+def attention_spec(cfg: ModelConfig) -> AttentionSpec:
+    """Gemma: head_dim ** -0.5, nothing else. Gemma2: query_pre_attn_scalar ** -0.5, its
+    attention soft-cap, and the widest sliding window of its layers."""
+    if cfg.model_type != "gemma2":
+        return AttentionSpec(scale=cfg.head_dim ** -0.5)
+    windows = [w for w in cfg.layer_windows if w is not None]
+    scalar = cfg.query_pre_attn_scalar if cfg.query_pre_attn_scalar is not None else float(cfg.head_dim)
+    return AttentionSpec(scale=scalar ** -0.5, softcap=cfg.attn_logit_softcapping,
+                         window=max(windows) if windows else None)
+
+
+def build(cfg: ModelConfig, ops: AttentionOps, *, rope_device: torch.device, lm_head: bool = False,
+          num_labels: int = 0) -> ScoringModel:
+    return GemmaModel(cfg, ops, rope_device=rope_device, lm_head=lm_head, num_labels=num_labels)

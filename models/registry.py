@@ -1,0 +1,120 @@
+"""Which checkpoints we serve: `model_type` -> family, architecture -> head.
+
+Invariant: a checkpoint is served only when both its family and its head are known here; every
+other one is refused at load with the architecture named, never served as something else (a
+sequence-classification checkpoint read as an embedding model would answer hidden states with its
+head ignored). Adding a family is one row in FAMILIES (and its module under models/families/).
+
+Heads, from the architecture's suffix (the class transformers would build):
+- "Model" (or no `architectures`): the base model; serves embeddings.
+- "ForCausalLM": the language model; serves embeddings (sentence-transformers checkpoints such as
+  Qwen3-Embedding name this class too) or a yes/no reranker (the lm_head's two rows).
+- "ForSequenceClassification": a `score` head [labels, E] on the last token; one label serves a
+  reranker (the seq-cls conversions of Qwen3-Reranker) or a reward model, more a classifier.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from models.attention_spec import AttentionSpec
+    from models.protocol import RerankSpec, ScoringModel
+
+# model_type -> family module under models/families/ (importing torch is left to the caller)
+FAMILIES: dict[str, str] = {
+    "qwen3": "qwen3",
+    "qwen2": "qwen3",
+    "llama": "qwen3",
+    "mistral": "qwen3",
+    "gemma": "gemma",
+    "gemma2": "gemma",
+}
+# architecture suffix -> the runner kinds it can serve, the default first
+HEADS: dict[str, tuple[str, ...]] = {
+    "Model": ("embedding",),
+    "ForCausalLM": ("embedding", "reranker"),
+    "ForSequenceClassification": ("classifier", "reranker", "reward"),
+}
+SCORE_HEAD = "ForSequenceClassification"
+SINGLE_SCORE_KINDS = ("reranker", "reward")  # kinds that read one score row of a `score` head
+
+
+class UnsupportedArchitecture(ValueError):
+    """A checkpoint whose family or head this server cannot serve correctly."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """What the loader builds: the family module and the head kinds the checkpoint allows."""
+
+    family: str  # module name under models/families/
+    architecture: str  # the checkpoint's class name ("" when config.json names none)
+    head: str  # the architecture's suffix: a key of HEADS
+    kinds: tuple[str, ...]  # runner kinds this head serves, the default first
+
+
+def _suffix(model_type: str, architecture: str) -> str | None:
+    """The head part of an architecture name: "Qwen3ForCausalLM" -> "ForCausalLM"."""
+    for head in sorted(HEADS, key=len, reverse=True):
+        if architecture.endswith(head):
+            return head
+    return None
+
+
+def resolve(model_type: str, architectures: tuple[str, ...]) -> Entry:
+    """The family and head of a checkpoint, or UnsupportedArchitecture saying why not."""
+    if model_type not in FAMILIES:
+        raise UnsupportedArchitecture(
+            f"unsupported model_type {model_type!r}; supported: {', '.join(FAMILIES)}")
+    if len(architectures) > 1:
+        raise UnsupportedArchitecture(
+            f"config.json names several architectures {list(architectures)}; serving one needs one")
+    arch = architectures[0] if architectures else ""
+    head = _suffix(model_type, arch) if arch else "Model"
+    if head is None:
+        served = ", ".join(f"*{h}" for h in HEADS)
+        raise UnsupportedArchitecture(
+            f"architecture {arch!r} is not served: its head would be ignored and the answers "
+            f"wrong; served architectures for {model_type!r}: {served}")
+    return Entry(family=FAMILIES[model_type], architecture=arch, head=head, kinds=HEADS[head])
+
+
+def default_kind(entry: Entry, labels: int) -> str | None:
+    """The kind a score head serves unless told: one label a reranker, more a classifier; None
+    for other heads (the checkpoint directory decides: models/checkpoint_dir.py)."""
+    if entry.head != SCORE_HEAD:
+        return None
+    return "reranker" if labels == 1 else "classifier"
+
+
+def check_kind(entry: Entry, kind: str, labels: int = 0) -> None:
+    """Refuse a runner kind the checkpoint's head cannot serve (e.g. a reranker without lm_head,
+    a reward model from a head of three labels)."""
+    if kind not in entry.kinds:
+        raise UnsupportedArchitecture(
+            f"architecture {entry.architecture or '(none: base model)'!r} serves "
+            f"{' or '.join(entry.kinds)}, not {kind!r}")
+    if entry.head == SCORE_HEAD and kind in SINGLE_SCORE_KINDS and labels != 1:
+        raise UnsupportedArchitecture(
+            f"a {kind} reads one score, but {entry.architecture!r} has {labels} labels; serve it "
+            f"as a classifier")
+
+
+def build_model(entry: Entry, cfg: Any, ops: Any, *, rope_device: Any, lm_head: bool = False,
+                num_labels: int = 0) -> "ScoringModel":
+    """The family's model for `cfg` (models/families/<family>.py's `build`)."""
+    module = importlib.import_module(f"models.families.{entry.family}")
+    return module.build(cfg, ops, rope_device=rope_device, lm_head=lm_head, num_labels=num_labels)
+
+
+def family_spec(entry: Entry, cfg: Any) -> "AttentionSpec":
+    """What the family's attention needs of a backend for `cfg` (its `attention_spec`)."""
+    module = importlib.import_module(f"models.families.{entry.family}")
+    return module.attention_spec(cfg)
+
+
+def family_rerank(entry: Entry) -> "RerankSpec":
+    """The family's yes/no reranker spec (its module's RERANK): template, words, instruction."""
+    return importlib.import_module(f"models.families.{entry.family}").RERANK

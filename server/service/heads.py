@@ -1,0 +1,44 @@
+"""Which routes each runner kind serves, and what /info says of the model's head.
+
+Invariant: one table (ROUTES) decides both what /info lists and what a refused route's 4xx
+names, so the two never disagree. Kinds are the runner's (docs/architecture.md): "embedding",
+"reranker" (a yes/no lm_head or a one-label score head), "classifier" (a score head of any
+number of labels), "reward" (a one-label score head, read raw).
+"""
+from __future__ import annotations
+
+from server.service.contract import ServedRunner
+
+# kind -> the POST routes that run its model (the others answer 400 naming these)
+ROUTES: dict[str, tuple[str, ...]] = {
+    "embedding": ("/embed", "/v1/embeddings", "/similarity", "/embed_all", "/embeddings", "/v1/embed",
+                  "/v2/embed"),
+    "reranker": ("/rerank", "/v1/rerank", "/v2/rerank", "/infinity/rerank", "/score", "/v1/score"),
+    "classifier": ("/predict", "/classify"),
+    "reward": ("/pooling",),
+}
+
+
+def routes(kind: str) -> tuple[str, ...]:
+    return ROUTES.get(kind, ())
+
+
+def use_instead(kind: str) -> str:
+    """The routes a client should call instead, in words: "/rerank or /v1/rerank (also: ...)"."""
+    served = routes(kind)
+    head = " or ".join(served[:2]) or "none"
+    return head + (f" (also: {', '.join(served[2:])})" if served[2:] else "")
+
+
+def model_type(runner: ServedRunner) -> dict:
+    """/info's `model_type`, TEI-style: {"embedding": {...}}, {"reranker": {...}},
+    {"classifier": {...}} or {"reward": {...}}."""
+    if runner.kind == "embedding":
+        return {"embedding": {"pooling": runner.pooling}}
+    if runner.head == "yes-no":
+        return {"reranker": {"score": "sigmoid(logit('yes') - logit('no'))", "template": runner.rerank_template}}
+    if runner.kind == "reranker":
+        return {"reranker": {"score": "sigmoid(score head)", "template": runner.rerank_template}}
+    if runner.kind == "reward":
+        return {"reward": {"score": "score head, raw"}}
+    return {"classifier": {"id2label": dict(enumerate(runner.labels))}}
