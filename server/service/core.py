@@ -90,7 +90,10 @@ class Service:
                 f"{self.runner.kind!r} ({self.runner.model_id}); use {other}",
             )
 
-    def check_inputs(self, n: int, *, empty: bool, what: str = "inputs") -> None:
+    def check_inputs(self, n: int, *, empty: bool = False, what: str = "inputs", query: str | None = None) -> None:
+        """400 for no inputs, an empty one, or an empty rerank ``query`` (named); 422 for too many."""
+        if query == "":
+            raise ApiError("empty", "query must not be empty")
         if n == 0 or empty:
             raise ApiError("empty", f"{what} must not be empty")
         if n > self.limits.max_client_batch_size:
