@@ -166,6 +166,7 @@ def metrics_listener(config: ServerConfig, app) -> list:
 
 
 def main(argv: list[str] | None = None) -> int:
+    __import__("server.allocator").allocator.apply_image_settings(reexec=argv is None)  # before torch loads
     from server.app import create_app, load_runner
     from server.http import listener, tracing
     from server.http.logs import setup_logging
