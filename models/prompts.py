@@ -85,6 +85,8 @@ def _encode_ids_only(tokenizer: Tokenizer, texts: list[str]) -> list[Encoding]:
 # BPE merges and normalization near it are local); the same slack count_capped relies on.
 CUT_SLACK = 32
 CHARS_PER_TOKEN = 4  # the first window's characters per wanted token (it doubles from there)
+MAX_GROWTH = 16  # the window stops waiting for agreement at this many times its first size ...
+MIN_CAP_CHARS = 65_536  # ... or at this many characters, if more
 
 
 def _window(text: str, size: int, direction: str) -> str:
@@ -106,13 +108,18 @@ def encode_bounded(tokenizer: Tokenizer, texts: Sequence[str], *, keep: int,
     that size, doubling until the window holds ``CUT_SLACK`` tokens beyond the kept ones and a
     window one character longer keeps the same tokens: where the cut falls inside one long
     pre-token (a run of spaces or letters, whose BPE split depends on where it starts), the two
-    disagree and the window grows, up to the whole text. The work and memory are bounded by what
-    is kept, not by the text: a 2 MB text of digits costs two encodes of ~16k characters.
+    disagree and the window grows, up to ``MAX_GROWTH`` times its first size (at least
+    ``MIN_CAP_CHARS``). Past that, one
+    pre-token longer than the window (a megabyte of one letter, say) is split where the window
+    starts it: exact everywhere else, and bounded work, where the whole run would cost a BPE over
+    all of it (hundreds of MB for a 1.5 MB word). The work and memory are bounded by what is kept,
+    not by the text: a 2 MB text of digits costs two encodes of ~16k characters.
     Per text: (encoding, whole), whole when it is the whole text's; otherwise it holds at least
     ``keep + CUT_SLACK`` tokens (the caller cuts it to ``keep``), and the whole text at least
     ``len(ids) - CUT_SLACK``.
     """
     size = CHARS_PER_TOKEN * (keep + CUT_SLACK)
+    cap = max(size * MAX_GROWTH, MIN_CAP_CHARS)
     out: list[tuple[Encoding, bool] | None] = [None] * len(texts)
     todo = list(range(len(texts)))
     while todo:
@@ -126,7 +133,8 @@ def encode_bounded(tokenizer: Tokenizer, texts: Sequence[str], *, keep: int,
                 out[i] = (enc, True)
                 continue
             check = next(checks)
-            if len(enc.ids) >= keep + CUT_SLACK and _kept_ids(enc, keep, direction) == _kept_ids(check, keep, direction):
+            settled = size >= cap or _kept_ids(enc, keep, direction) == _kept_ids(check, keep, direction)
+            if len(enc.ids) >= keep + CUT_SLACK and settled:
                 out[i] = (enc, False)
             else:
                 later.append(i)

@@ -27,6 +27,7 @@ from server.http.docs import install_docs
 from server.http.errors import install_handlers
 from server.http.front_door import FrontDoor
 from server.http.lifecycle import DrainGate, Lifecycle
+from server.memory import MemoryBudget
 from server.routes import cohere, infinity, openai, ops, tei
 from server.service.contract import ServedRunner, ServedScheduler
 from server.service.core import Limits, Service
@@ -112,6 +113,7 @@ def build_service(config: ServerConfig, runner: ServedRunner, scheduler: ServedS
         default_prompt_name=config.default_prompt_name,
         default_prompt=config.default_prompt,
         tokenization_workers=tokenization_workers(config),
+        memory=MemoryBudget.detect(config.memory_limit),
     )
 
 

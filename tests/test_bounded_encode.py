@@ -89,3 +89,14 @@ def test_huge_rerank_query_and_document_cost_what_is_kept(tok):
     (ref,) = prompts.RerankTemplate(tok).encode("q", [doc[-3000:]], max_length=300, truncate=True, direction="left")
     assert left == ref  # the kept end of the document is the same
     assert counting.chars < 100_000
+
+
+def test_one_huge_pretoken_costs_a_bounded_window(tok):
+    """A 1.5M-letter word truncated from the left: the window stops growing at its cap (a BPE over
+    the whole run would take hundreds of MB); the answer still holds the kept number of tokens."""
+    counting = CountingTokenizer(tok)
+    (ids,) = prompts.encode_embedding_inputs(counting, ["a" * 1_500_000], max_length=4096, truncate=True,
+                                             direction="left")
+    assert len(ids) == 4096
+    assert counting.chars <= 8 * prompts.CHARS_PER_TOKEN * (4096 + prompts.CUT_SLACK) * prompts.MAX_GROWTH
+    assert counting.chars < 1_500_000

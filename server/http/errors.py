@@ -174,6 +174,18 @@ def install_handlers(app: FastAPI, *, on_error=None) -> None:
         note(kind)
         return error_response(kind, message, path=request.url.path)
 
+    @app.exception_handler(MemoryError)
+    async def _memory(request: Request, exc: MemoryError) -> JSONResponse:
+        # NOTE: an allocation failed for this request (an answer too big for what is left): it
+        # fails alone, with a retryable 503; the server keeps serving.
+        rid = request_id(request)
+        log.error("out of memory on %s (request id %s)", request.url.path, rid)
+        note("unhealthy")
+        response = error_response("unhealthy", f"not enough memory for this request; retry later or send fewer "
+                                  f"or shorter inputs (request id {rid})", path=request.url.path)
+        response.headers["x-request-id"] = rid
+        return response
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         # NOTE: Starlette runs this handler outside every middleware, so FrontDoor cannot add the
