@@ -162,7 +162,8 @@ def metrics_listener(config: ServerConfig, app) -> list:
     log.info("metrics also served on http://%s:%d/metrics", host, config.prometheus_port)
     return [listener.metrics_server(
         service.metrics.registry, sock=sock, stack=config.http_stack, header_timeout_s=config.header_read_timeout,
-        on_scrape=lambda: service.metrics.queue_size.set(service.scheduler.queue_size))]
+        on_scrape=lambda: service.metrics.queue_size.set(service.scheduler.queue_size),
+        healthy=lambda: service.scheduler.alive and not app.state.lifecycle.draining)]
 
 
 def main(argv: list[str] | None = None) -> int:

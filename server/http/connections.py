@@ -16,7 +16,13 @@ a new request-cycle object exactly when a request head is complete, so one mixin
   closed at once. Accepting never fails for want of descriptors as long as the cap leaves room
   (``connection_limit``) and connections are accepted a few at a time (``PacedListener``).
 
-Invariant: a connection is in ``Connections.idle`` iff its head timer is armed.
+- request-head size: a head is counted while it arrives, before the parser sees its bytes (the
+  parsers have no limit of their own, or h11's 400 at 16 KiB). A line over ``HEAD_LINE_LIMIT``
+  or a head over ``HEAD_TOTAL_LIMIT`` (nginx's 8 KiB x 4) gets a 431 and the connection is
+  closed, so parsing work per connection is bounded whatever a client sends.
+
+Invariant: a connection is in ``Connections.idle`` iff its head timer is armed; its head counts
+(``_head_bytes``, ``_line_bytes``) are those of the head being received while the timer is armed.
 """
 from __future__ import annotations
 
@@ -31,7 +37,12 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from server.http.errors import error_bytes
+
 log = logging.getLogger("radixserve.server")
+
+HEAD_LINE_LIMIT = 8 * 1024  # bytes of one request-head line (the request line or a header)
+HEAD_TOTAL_LIMIT = 32 * 1024  # bytes of a whole request head
 
 # Descriptors kept out of the connection cap: model files, threads' pipes, the metrics listener, logs.
 FD_RESERVE_MIN = 64
@@ -155,8 +166,43 @@ class HeadTimeout:
         self._arm()
 
     def data_received(self, data: bytes) -> None:
+        if self._head_timer is not None and not self._head_fits(data):
+            return
         super().data_received(data)  # type: ignore[misc]
         self._check_head()
+
+    def _head_fits(self, data: bytes) -> bool:
+        """Count ``data`` (up to the head's blank line) against the head limits; False once it
+        answered 431 and closed the connection."""
+        tail = self._head_tail
+        joined = tail + data
+        ends = [i + len(m) for m in (b"\r\n\r\n", b"\n\n") if (i := joined.find(m)) >= 0]
+        end = min(ends) - len(tail) if ends else len(data)
+        region = data[:end]
+        self._head_bytes += len(region)
+        first, last = region.find(b"\n"), region.rfind(b"\n")
+        if first < 0:
+            self._line_bytes += len(region)
+            longest = self._line_bytes
+        else:
+            inner = region[first + 1:last].split(b"\n") if last > first else []
+            longest = max(self._line_bytes + first, *map(len, inner)) if inner else self._line_bytes + first
+            self._line_bytes = len(region) - last - 1
+        if longest <= HEAD_LINE_LIMIT and self._head_bytes <= HEAD_TOTAL_LIMIT:
+            if ends:  # the head is complete: the parser takes over
+                self._head_bytes = self._line_bytes = 0
+                self._head_tail = b""
+            else:
+                self._head_tail = joined[-3:]
+            return True
+        what = (f"a request-head line over {HEAD_LINE_LIMIT} bytes" if longest > HEAD_LINE_LIMIT
+                else f"a request head over {HEAD_TOTAL_LIMIT} bytes")
+        self._disarm()
+        status, body = error_bytes("header_too_large", f"{what}: send shorter headers", path="")
+        self.transport.write(b"HTTP/1.1 %d Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (status, len(body), body))
+        self.transport.close()
+        return False
 
     def on_response_complete(self) -> None:
         self._arm()  # NOTE: before super(): it may start a pipelined request at once
@@ -172,6 +218,8 @@ class HeadTimeout:
 
     def _arm(self) -> None:
         self._disarm()
+        self._head_bytes = self._line_bytes = 0
+        self._head_tail = b""
         if not self.transport.is_closing():
             self._armed_cycle = self.cycle  # a new cycle object = a complete new request head
             self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)

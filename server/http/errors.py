@@ -33,6 +33,7 @@ KINDS: dict[str, tuple[int, str, str, str]] = {
     "timeout": (408, "Timeout", "invalid_request_error", "request_timeout"),
     "too_large": (413, "PayloadTooLarge", "invalid_request_error", "payload_too_large"),
     "media_type": (415, "UnsupportedMediaType", "invalid_request_error", "unsupported_media_type"),
+    "header_too_large": (431, "RequestHeaderFieldsTooLarge", "invalid_request_error", "request_header_too_large"),
     "validation": (422, "Validation", "invalid_request_error", "invalid_value"),
     "tokenizer": (422, "Tokenizer", "invalid_request_error", "tokenizer_error"),
     "overloaded": (429, "Overloaded", "rate_limit_error", "rate_limit_exceeded"),
