@@ -146,6 +146,9 @@ class HeadTimeout:
 
     header_timeout_s: float = 10.0
     connections_book: Connections | None = None
+    _head_bytes: int = 0  # bytes of the head being received
+    _line_bytes: int = 0  # bytes of its current (unfinished) line
+    _head_tail: bytes = b""  # its last 3 bytes: a blank line split across two reads
     # set by the protocol class (uvicorn's attributes)
     transport: Any
     loop: Any
