@@ -173,7 +173,10 @@ def install_handlers(app: FastAPI, *, on_error=None) -> None:
         elif exc.status_code == 400:  # FastAPI could not decode the body (e.g. not UTF-8)
             message = f"could not parse the request body as UTF-8 JSON ({message})"
         note(kind)
-        return error_response(kind, message, path=request.url.path)
+        response = error_response(kind, message, path=request.url.path)
+        for name, value in (exc.headers or {}).items():  # Allow on a 405
+            response.headers.setdefault(name, value)
+        return response
 
     @app.exception_handler(MemoryError)
     async def _memory(request: Request, exc: MemoryError) -> JSONResponse:
