@@ -69,3 +69,68 @@ def test_metrics_port_health_follows_the_worker():
 
     asyncio.run(bare({"type": "http", "method": "GET", "path": "/health"}, None, send))
     assert sent[0]["status"] == 404
+
+
+async def _reading_app(scope, receive, send):
+    """Reads the whole body before answering (as the API's routes do)."""
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
+        more = message.get("more_body", False)
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
+    await send({"type": "http.response.body", "body": b"ok"})
+
+
+@pytest.mark.parametrize("stack", http_stacks())
+def test_at_the_cap_a_probe_closes_the_oldest_slow_body(stack):
+    """With every connection of the API port holding a slow body, a new connection (a probe)
+    closes the oldest slow body instead of being refused."""
+    import threading
+    import time
+
+    import uvicorn
+
+    from server.http import listener
+
+    port = free_port()
+    sockets = listener.bind_sockets(hostname="127.0.0.1", port=port, uds_path=None)
+    config = listener.uvicorn_config(_reading_app, stack=stack, header_timeout_s=10.0, max_connections=8,
+                                     log_config=None, lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": sockets}, daemon=True)
+    thread.start()
+    slow: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline
+            time.sleep(0.02)
+        for _ in range(8):
+            s = socket.create_connection(("127.0.0.1", port), timeout=10)
+            s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n{")
+            slow.append(s)
+        time.sleep(0.3)  # every head read: the connections are receiving their bodies
+        for _ in range(5):
+            r = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10, headers={"connection": "close"})
+            assert r.status_code == 200
+        closed = 0
+        for s in slow:
+            s.settimeout(0.5)
+            try:
+                closed += s.recv(10) == b""
+            except ConnectionResetError:
+                closed += 1
+            except socket.timeout:
+                pass
+        assert closed >= 1  # the oldest slow bodies made room
+    finally:
+        for s in slow:
+            s.close()
+        server.should_exit = True
+        thread.join(30)
+        for sock in sockets:
+            sock.close()

@@ -12,8 +12,9 @@ a new request-cycle object exactly when a request head is complete, so one mixin
 - connection cap: ``Connections`` counts the open connections of one server and keeps the idle
   ones (awaiting a request head) oldest first. A connection that opens beyond the cap closes the
   oldest idle one, so a flood of idle connections can neither exhaust the process's file
-  descriptors nor keep out a health probe; when every open connection is busy, the new one is
-  closed at once. Accepting never fails for want of descriptors as long as the cap leaves room
+  descriptors nor keep out a health probe; with none idle, the oldest one still receiving its
+  body (a slow body) is closed; when every open connection has a whole request in work, the new
+  one is closed at once. Accepting never fails for want of descriptors as long as the cap leaves room
   (``connection_limit``) and connections are accepted a few at a time (``PacedListener``).
 
 - request-head size: a head is counted while it arrives, before the parser sees its bytes (the
@@ -80,19 +81,33 @@ class RateLimitedLog:
             self._last, self._count = now, 0
 
 
+def receiving_body(conn) -> bool:
+    """Is ``conn``'s request still arriving (its head read, its body not yet whole, no answer)?"""
+    cycle = getattr(conn, "cycle", None)
+    return cycle is not None and bool(getattr(cycle, "more_body", False)) and not getattr(
+        cycle, "response_started", True)
+
+
 class Connections:
-    """The open connections of one server, and the idle ones, oldest first."""
+    """The open connections of one server (``every``, oldest first), and the idle ones."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.open = 0
         self.idle: collections.OrderedDict[Any, None] = collections.OrderedDict()
+        self.every: collections.OrderedDict[Any, None] = collections.OrderedDict()
         self.evicted = 0
         self.warn = RateLimitedLog()
 
     def admit(self, conn) -> bool:
-        """Count ``conn`` in; False when it must be closed (at the cap, nothing idle to close)."""
+        """Count ``conn`` in; False when it must be closed (at the cap, nothing idle or slow to close).
+
+        At the cap the oldest idle connection is closed; failing that, the oldest one still
+        receiving its body (slow bodies, one byte a second, would otherwise hold every connection
+        until the body timeout and keep out a probe); failing that, ``conn`` itself.
+        """
         self.open += 1
+        self.every[conn] = None
         if self.open <= self.limit:
             return True
         while self.idle:
@@ -103,6 +118,13 @@ class Connections:
                 self.warn(logging.WARNING, "at the cap of %d open connections: closed the oldest idle one",
                           self.limit)
                 return True
+        for victim in self.every:
+            if victim is not conn and receiving_body(victim) and not victim.transport.is_closing():
+                close_now(victim.transport)
+                self.evicted += 1
+                self.warn(logging.WARNING, "at the cap of %d open connections: closed the oldest one still "
+                          "receiving its body", self.limit)
+                return True
         self.warn(logging.WARNING, "at the cap of %d open connections, all busy: refused a connection",
                   self.limit)
         return False
@@ -110,6 +132,7 @@ class Connections:
     def left(self, conn) -> None:
         self.open -= 1
         self.idle.pop(conn, None)
+        self.every.pop(conn, None)
 
 
 class PacedListener(socket.socket):

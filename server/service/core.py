@@ -249,7 +249,8 @@ class Service:
         with self.admitted(n_items):
             items = await encode()
             tokens = sum(map(len, items))
-            floats = (tokens if all_tokens else len(items)) * self.runner.hidden_size
+            width = 1 if self.runner.kind == "reranker" else self.runner.hidden_size  # a score, or a vector
+            floats = (tokens if all_tokens else len(items)) * width
             with self.memory.reserved(estimate(tokens=tokens, answer_floats=floats),
                                       what=f"{tokens} tokens, an answer of {floats} floats"):
                 result = await self._submit(request, items, all_tokens=all_tokens)
