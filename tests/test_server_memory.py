@@ -79,6 +79,27 @@ def test_a_request_over_the_budget_is_413_and_the_server_serves_on(tiny_embeddin
         assert ok.status_code == 200 and service.memory.in_use == 0
 
 
+def test_an_allocation_that_fails_fails_only_its_request(tiny_embedding_dir, monkeypatch):
+    from server.app import create_app
+    from server.config import ServerConfig
+    from tests.serving import ServerThread, cached_runner
+
+    app = create_app(ServerConfig(model_id=str(tiny_embedding_dir)), runner=cached_runner(str(tiny_embedding_dir)))
+    service = app.state.service
+    shaped = service._shaped
+
+    async def out_of_memory(*args, **kw):
+        raise MemoryError()
+
+    with ServerThread(app) as srv:
+        monkeypatch.setattr(service, "_shaped", out_of_memory)
+        r = httpx.post(srv.url + "/embed", json={"inputs": "x"}, timeout=60)
+        assert r.status_code == 503 and "memory" in r.json()["error"] and r.headers["retry-after"], r.text
+        monkeypatch.setattr(service, "_shaped", shaped)
+        assert httpx.post(srv.url + "/embed", json={"inputs": "x"}, timeout=60).status_code == 200
+        assert service.memory.in_use == 0 and service.permits.in_use == 0
+
+
 def _vm_size(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmSize:"):
