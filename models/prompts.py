@@ -220,6 +220,10 @@ def cut_body(head: list[int], tail: list[int], budget: int, direction: str) -> l
     return head[len(head) - (budget - len(tail)) :] + tail
 
 
+class Cut(list):
+    """Token ids of a text longer than the budget: only the ``budget`` that can be kept."""
+
+
 class RerankTemplate:
     """The Qwen3-Reranker chat template with prefix/suffix encoded once.
 
@@ -256,7 +260,7 @@ class RerankTemplate:
         for enc, whole in encode_bounded(self.tokenizer, texts, keep=budget, direction=direction):
             ids = list(enc.ids)
             if not whole:
-                ids = ids[:budget] if direction == "right" else ids[len(ids) - budget:]
+                ids = Cut(ids[:budget] if direction == "right" else ids[len(ids) - budget:])
             out.append(ids)
         return out
 
@@ -313,6 +317,7 @@ class RerankTemplate:
         out = []
         for i, (head, tail) in enumerate(parts):
             if not truncate and len(head) + len(tail) > budget:
-                raise InputTooLong(i, len(head) + len(tail) + self.overhead, max_length)
+                raise InputTooLong(i, len(head) + len(tail) + self.overhead, max_length,
+                                   at_least=isinstance(head, Cut) or isinstance(tail, Cut))
             out.append(self.prefix_ids + cut_body(head, tail, budget, direction) + self.suffix_ids)
         return out

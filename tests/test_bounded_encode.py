@@ -100,3 +100,12 @@ def test_one_huge_pretoken_costs_a_bounded_window(tok):
     assert len(ids) == 4096
     assert counting.chars <= 8 * prompts.CHARS_PER_TOKEN * (4096 + prompts.CUT_SLACK) * prompts.MAX_GROWTH
     assert counting.chars < 1_500_000
+
+
+def test_a_huge_rerank_document_without_truncation_is_refused_as_at_least(tok):
+    template = prompts.RerankTemplate(tok)
+    with pytest.raises(prompts.InputTooLong, match="at least"):
+        template.encode("q", ["short", "word " * 100_000], max_length=300, truncate=False)
+    with pytest.raises(prompts.InputTooLong) as exact:
+        template.encode("q", ["short", "word " * 300], max_length=300, truncate=False)
+    assert "at least" not in str(exact.value)
