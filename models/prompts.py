@@ -30,9 +30,10 @@ DIRECTIONS = ("right", "left")
 class InputTooLong(ValueError):
     """An input over ``max_length`` tokens while truncation is off."""
 
-    def __init__(self, index: int, length: int, max_length: int) -> None:
+    def __init__(self, index: int, length: int, max_length: int, *, at_least: bool = False) -> None:
+        held = f"at least {length}" if at_least else f"{length}"
         super().__init__(
-            f"input {index} has {length} tokens, more than the maximum of {max_length}; "
+            f"input {index} has {held} tokens, more than the maximum of {max_length}; "
             "shorten it or set truncate=true"
         )
         self.index, self.length, self.max_length = index, length, max_length
@@ -80,6 +81,67 @@ def _encode_ids_only(tokenizer: Tokenizer, texts: list[str]) -> list[Encoding]:
     return encode(texts, add_special_tokens=False)
 
 
+# Tokens past the last kept one that a cut in the text may change (a pre-token split by the cut,
+# BPE merges and normalization near it are local); the same slack count_capped relies on.
+CUT_SLACK = 32
+CHARS_PER_TOKEN = 4  # the first window's characters per wanted token (it doubles from there)
+MAX_GROWTH = 16  # the window stops waiting for agreement at this many times its first size ...
+MIN_CAP_CHARS = 65_536  # ... or at this many characters, if more
+
+
+def _window(text: str, size: int, direction: str) -> str:
+    return text if len(text) <= size else (text[:size] if direction == "right" else text[len(text) - size:])
+
+
+def _kept_ids(enc: Encoding, keep: int, direction: str) -> list[int]:
+    ids = enc.ids
+    return list(ids[:keep] if direction == "right" else ids[len(ids) - keep:])
+
+
+def encode_bounded(tokenizer: Tokenizer, texts: Sequence[str], *, keep: int,
+                   direction: str) -> list[tuple[Encoding, bool]]:
+    """Encodings (no special tokens) that agree with the full encodings' ``keep`` tokens on the
+    ``direction`` side: right, the first ``keep``; left, the last ``keep``.
+
+    A text of at most ``CHARS_PER_TOKEN x (keep + CUT_SLACK)`` characters is encoded whole. A
+    longer one is encoded on a window of characters (a prefix for right, a suffix for left) of
+    that size, doubling until the window holds ``CUT_SLACK`` tokens beyond the kept ones and a
+    window one character longer keeps the same tokens: where the cut falls inside one long
+    pre-token (a run of spaces or letters, whose BPE split depends on where it starts), the two
+    disagree and the window grows, up to ``MAX_GROWTH`` times its first size (at least
+    ``MIN_CAP_CHARS``). Past that, one
+    pre-token longer than the window (a megabyte of one letter, say) is split where the window
+    starts it: exact everywhere else, and bounded work, where the whole run would cost a BPE over
+    all of it (hundreds of MB for a 1.5 MB word). The work and memory are bounded by what is kept,
+    not by the text: a 2 MB text of digits costs two encodes of ~16k characters.
+    Per text: (encoding, whole), whole when it is the whole text's; otherwise it holds at least
+    ``keep + CUT_SLACK`` tokens (the caller cuts it to ``keep``), and the whole text at least
+    ``len(ids) - CUT_SLACK``.
+    """
+    size = CHARS_PER_TOKEN * (keep + CUT_SLACK)
+    cap = max(size * MAX_GROWTH, MIN_CAP_CHARS)
+    out: list[tuple[Encoding, bool] | None] = [None] * len(texts)
+    todo = list(range(len(texts)))
+    while todo:
+        pieces = [_window(texts[i], size, direction) for i in todo]
+        longer = [_window(texts[i], size + 1, direction) for i, p in zip(todo, pieces) if len(p) < len(texts[i])]
+        encs = _encode_ids_only(tokenizer, pieces + longer)
+        checks = iter(encs[len(pieces):])
+        later = []
+        for i, piece, enc in zip(todo, pieces, encs):
+            if len(piece) == len(texts[i]):
+                out[i] = (enc, True)
+                continue
+            check = next(checks)
+            settled = size >= cap or _kept_ids(enc, keep, direction) == _kept_ids(check, keep, direction)
+            if len(enc.ids) >= keep + CUT_SLACK and settled:
+                out[i] = (enc, False)
+            else:
+                later.append(i)
+        todo, size = later, size * 2
+    return [e for e in out if e is not None]
+
+
 def _check_direction(direction: str) -> str:
     direction = direction.lower()
     if direction not in DIRECTIONS:
@@ -105,12 +167,13 @@ def encode_texts(
     budget = max_length - n_special
     if budget < 1:
         raise ValueError(f"max_length {max_length} leaves no room next to {n_special} special tokens")
-    encodings = _encode_ids_only(tokenizer, list(texts))
+    encodings = encode_bounded(tokenizer, texts, keep=budget, direction=direction)
     out = []
-    for i, enc in enumerate(encodings):
+    for i, (enc, whole) in enumerate(encodings):
         if len(enc.ids) > budget:
-            if not truncate:
-                raise InputTooLong(i, len(enc.ids) + n_special, max_length)
+            if not truncate:  # a window's count, less what its cut may add, bounds the text's from below
+                held = len(enc.ids) if whole else len(enc.ids) - CUT_SLACK
+                raise InputTooLong(i, held + n_special, max_length, at_least=not whole)
             enc.truncate(budget, direction=direction)
         out.append(tokenizer.post_process(enc, add_special_tokens=add_special_tokens))
     return out
@@ -135,10 +198,12 @@ def encode_embedding_inputs(
 class QueryTooLong(ValueError):
     """The shared part of a rerank input (instruction + query) leaves no room for a document."""
 
-    def __init__(self, length: int, max_length: int) -> None:
+    def __init__(self, length: int, max_length: int, *, truncating: bool = False) -> None:
+        fix = ("truncation would cut every document out of its pair; shorten the query, or truncate "
+               "from the left" if truncating else "shorten the query or set truncate=true")
         super().__init__(
-            f"the query and instruction alone take {length} tokens with the reranker template, more "
-            f"than the maximum of {max_length}; shorten the query or set truncate=true"
+            f"the query and instruction alone take at least {length} tokens with the reranker template, "
+            f"more than the maximum input length of {max_length}; {fix}"
         )
         self.length, self.max_length = length, max_length
 
@@ -153,6 +218,10 @@ def cut_body(head: list[int], tail: list[int], budget: int, direction: str) -> l
     if len(tail) >= budget:
         return tail[len(tail) - budget :]
     return head[len(head) - (budget - len(tail)) :] + tail
+
+
+class Cut(list):
+    """Token ids of a text longer than the budget: only the ``budget`` that can be kept."""
 
 
 class RerankTemplate:
@@ -184,6 +253,17 @@ class RerankTemplate:
             return []
         return [list(e.ids) for e in _encode_ids_only(self.tokenizer, list(texts))]
 
+    def _kept(self, texts: Sequence[str], budget: int, direction: str) -> list[list[int]]:
+        """Ids of ``texts``, each exact or (when longer than ``budget``) its ``budget`` tokens on the
+        ``direction`` side: all that ``cut_body`` can keep of it, at a cost bounded by the budget."""
+        out = []
+        for enc, whole in encode_bounded(self.tokenizer, texts, keep=budget, direction=direction):
+            ids = list(enc.ids)
+            if not whole:
+                ids = Cut(ids[:budget] if direction == "right" else ids[len(ids) - budget:])
+            out.append(ids)
+        return out
+
     def _splits_cleanly(self, shared: str, pieces: Sequence[str]) -> list[bool]:
         """Per piece: does ``shared | piece`` tokenize as the two sides apart (on a window)?"""
         left = shared[-self.window :]
@@ -206,10 +286,11 @@ class RerankTemplate:
     ) -> list[list[int]]:
         """prefix + body + suffix per document; only the body is cut to fit ``max_length``.
 
-        Raises QueryTooLong before any document is encoded when ``truncate`` is false and the
-        shared part alone cannot fit; PairBudgetExceeded when the pairs would hold more than
+        Raises QueryTooLong before any document is encoded when the shared part alone cannot fit
+        and truncation is off or would cut from the right (every document cut out of its pair); PairBudgetExceeded when the pairs would hold more than
         ``max_pair_tokens`` tokens together (0: no limit), counted before any pair is built;
-        InputTooLong naming the first document that does not fit.
+        InputTooLong naming the first document that does not fit. Every text is encoded on a window
+        bounded by the budget (``encode_bounded``), so a huge query or document costs what can be kept.
         """
         direction = _check_direction(direction)
         budget = max_length - self.overhead
@@ -222,11 +303,13 @@ class RerankTemplate:
         shared_text = whole[:-1]
         pieces = [" " + d for d in documents]
         clean = self._splits_cleanly(shared_text, pieces)
-        (shared,) = self._ids([shared_text])
-        if not truncate and all(clean) and len(shared) + 1 > budget:  # a piece is >= 1 token (its space)
-            raise QueryTooLong(len(shared) + 1 + self.overhead, max_length)
-        piece_ids = iter(self._ids([p for p, ok in zip(pieces, clean) if ok]))
-        body_ids = iter(self._ids([shared_text + p for p, ok in zip(pieces, clean) if not ok]))
+        (shared,) = self._kept([shared_text], budget, direction)
+        # A piece is >= 1 token (its space). Cutting the end of each body (right) would leave no
+        # document in any pair (every score the same), so that is refused whether or not truncating.
+        if (not truncate or direction == "right") and all(clean) and len(shared) + 1 > budget:
+            raise QueryTooLong(len(shared) + 1 + self.overhead, max_length, truncating=truncate)
+        piece_ids = iter(self._kept([p for p, ok in zip(pieces, clean) if ok], budget, direction))
+        body_ids = iter(self._kept([shared_text + p for p, ok in zip(pieces, clean) if not ok], budget, direction))
         parts = [(shared, next(piece_ids)) if ok else (next(body_ids), []) for ok in clean]
         bodies = [len(head) + len(tail) for head, tail in parts]
         check_pair_budget(pair_tokens(overhead=self.overhead, bodies=bodies, max_length=max_length),
@@ -234,6 +317,7 @@ class RerankTemplate:
         out = []
         for i, (head, tail) in enumerate(parts):
             if not truncate and len(head) + len(tail) > budget:
-                raise InputTooLong(i, len(head) + len(tail) + self.overhead, max_length)
+                raise InputTooLong(i, len(head) + len(tail) + self.overhead, max_length,
+                                   at_least=isinstance(head, Cut) or isinstance(tail, Cut))
             out.append(self.prefix_ids + cut_body(head, tail, budget, direction) + self.suffix_ids)
         return out

@@ -27,6 +27,8 @@ from server.http.docs import install_docs
 from server.http.errors import install_handlers
 from server.http.front_door import FrontDoor
 from server.http.lifecycle import DrainGate, Lifecycle
+from server.http.openapi import HeadAsGet, install_openapi
+from server.memory import MemoryBudget
 from server.routes import cohere, infinity, openai, ops, tei, vllm
 from server.service.contract import ServedRunner, ServedScheduler
 from server.service.core import Limits, Service
@@ -113,6 +115,7 @@ def build_service(config: ServerConfig, runner: ServedRunner, scheduler: ServedS
         default_prompt_name=config.default_prompt_name,
         default_prompt=config.default_prompt,
         tokenization_workers=tokenization_workers(config),
+        memory=MemoryBudget.detect(config.memory_limit),
     )
 
 
@@ -145,12 +148,13 @@ def lifespan_of(config: ServerConfig, service: Service, lifecycle: Lifecycle, *,
 
 def add_middleware(app: FastAPI, config: ServerConfig, lifecycle: Lifecycle, *,
                    on_error: Callable[[str], None]) -> None:
-    """Innermost first: the front door, then the drain gate, then CORS (outermost)."""
+    """Innermost first: the front door, the drain gate, HEAD as GET, then CORS (outermost)."""
     app.add_middleware(
         FrontDoor, payload_limit=config.payload_limit, api_key=config.api_key, on_error=on_error,
         body_timeout_s=config.body_read_timeout, compute_tokens_header=config.compute_tokens_header,
     )
     app.add_middleware(DrainGate, lifecycle=lifecycle)  # outside FrontDoor: a drain answers before auth
+    app.add_middleware(HeadAsGet)  # HEAD on every GET route
     if config.cors_allow_origin:
         origins = ["*"] if "*" in config.cors_allow_origin else list(config.cors_allow_origin)
         app.add_middleware(  # outermost: preflights are answered without a key
@@ -197,5 +201,7 @@ def create_app(config: ServerConfig, runner: ServedRunner | None = None,
     app.include_router(vllm.build_router(service, model_name=config.model_name))
     app.include_router(ops.build_router(service, info=info))
     install_docs(app, title="radixserve")
+    install_openapi(app, max_items=config.max_client_batch_size, vocab_size=service.tok.vocab_size,
+                    hidden_size=runner.hidden_size, prompt_names=tuple(runner.prompts or {}))
     add_middleware(app, config, lifecycle, on_error=on_error)
     return app

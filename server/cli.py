@@ -172,11 +172,15 @@ def metrics_listener(config: ServerConfig, app) -> list:
     log.info("metrics also served on http://%s:%d/metrics", host, config.prometheus_port)
     return [listener.metrics_server(
         service.metrics.registry, sock=sock, stack=config.http_stack, header_timeout_s=config.header_read_timeout,
-        on_scrape=lambda: service.metrics.queue_size.set(service.scheduler.queue_size))]
+        on_scrape=lambda: service.metrics.queue_size.set(service.scheduler.queue_size),
+        healthy=lambda: service.scheduler.alive and not app.state.lifecycle.draining)]
 
 
 def main(argv: list[str] | None = None) -> int:
     config, notes = load_config(argv)  # before torch and the model code: a bad flag returns at once
+    from server.allocator import apply_image_settings
+
+    apply_image_settings(reexec=argv is None)  # the images' allocator settings, before torch loads
     from server.app import create_app, load_runner
     from server.http import listener, tracing
     from server.http.logs import setup_logging

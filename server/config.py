@@ -109,6 +109,9 @@ class ServerConfig:
     api_key: str | None = option(None, "require 'Authorization: Bearer KEY' on inference routes (unset: no auth)",
                                  secret=True)
     payload_limit: int = option(2_000_000, "bytes per request body", minimum=1)
+    memory_limit: int | None = option(
+        None, "bytes the process may use (default: the cgroup or ulimit -v limit); requests that cannot fit: "
+        "413", minimum=1)
     graceful_shutdown_timeout: float = option(
         25.0, "seconds from SIGTERM to exit: in-flight work may finish, then what is left gets a JSON 503",
         minimum=0)

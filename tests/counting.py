@@ -20,3 +20,6 @@ class CountingTokenizer:
     def encode_batch_fast(self, texts, **kw):
         self.chars += sum(len(t) for t in texts)
         return self.inner.encode_batch_fast(texts, **kw)
+
+    def __getattr__(self, name):  # everything else (post_process, num_special_tokens_to_add, ...) as is
+        return getattr(self.inner, name)

@@ -98,10 +98,13 @@ def test_rerank_truncation_cuts_only_the_body(rr_tok):
     doc = "lorem ipsum dolor sit amet " * 20
     body = rr_tok.encode(prompts.format_rerank_body("inst", "q", doc), add_special_tokens=False).ids
     max_length = template.overhead + 10
-    (right,) = template.encode("q", [doc], instruction="inst", max_length=max_length, truncate=True)
+    keep = 40  # more than the shared part (instruction + query), less than the body
+    (right,) = template.encode("q", [doc], instruction="inst", max_length=template.overhead + keep, truncate=True)
     (left,) = template.encode("q", [doc], instruction="inst", max_length=max_length, truncate=True, direction="left")
-    assert right == template.prefix_ids + body[:10] + template.suffix_ids
+    assert right == template.prefix_ids + body[:keep] + template.suffix_ids
     assert left == template.prefix_ids + body[-10:] + template.suffix_ids
+    with pytest.raises(prompts.QueryTooLong, match="maximum input length of"):  # right: no document left
+        template.encode("q", [doc], instruction="inst", max_length=max_length, truncate=True)
     with pytest.raises(prompts.InputTooLong) as info:
         template.encode("q", ["short", doc], instruction="inst", max_length=template.overhead + 40, truncate=False)
     assert info.value.index == 1 and info.value.length == len(body) + template.overhead
@@ -156,10 +159,16 @@ def test_rerank_pieces_equal_whole_body(rr_tok, query, instruction, docs):
 
 
 @settings(max_examples=60, deadline=None)
-@given(query=_DOC, docs=st.lists(_DOC, min_size=1, max_size=3), keep=st.integers(1, 40),
+@given(query=_DOC, docs=st.lists(_DOC, min_size=1, max_size=3), keep=st.integers(1, 80),
        direction=st.sampled_from(["right", "left"]))
 def test_rerank_pieces_truncate_like_whole_body(rr_tok, query, docs, keep, direction):
     template = prompts.RerankTemplate(rr_tok)
+    shared = rr_tok.encode(prompts.format_rerank_body(prompts.DEFAULT_INSTRUCTION, query, "")[:-1],
+                           add_special_tokens=False).ids
+    if direction == "right" and len(shared) + 1 > keep:  # every document would be cut out: refused
+        with pytest.raises(prompts.QueryTooLong):
+            template.encode(query, docs, max_length=template.overhead + keep, truncate=True, direction=direction)
+        return
     ours = template.encode(query, docs, max_length=template.overhead + keep, truncate=True, direction=direction)
     for doc, ids in zip(docs, ours):
         body = rr_tok.encode(prompts.format_rerank_body(prompts.DEFAULT_INSTRUCTION, query, doc),
@@ -179,7 +188,7 @@ def test_rerank_tokenizes_each_piece_once(rr_tok, truncate):
     try:
         template.encode(query, docs, max_length=512, truncate=truncate)
     except prompts.QueryTooLong:
-        assert not truncate
+        pass  # the query alone fills the budget: refused, truncating (from the right) or not
     body = len(query) + sum(len(d) for d in docs)
     # the shared part once, each document once, plus a fixed window check per document
     assert counting.chars <= body + 200 + len(docs) * (3 * template.window + 2), counting.chars
@@ -204,7 +213,7 @@ def test_rerank_falls_back_per_document_where_the_boundary_merges(rr_tok):
     ("capital of france", ["Paris is the capital.", "Berlin", ""], 4096, False, "right"),
     ("capital of france " * 10, ["Paris is the capital.", "Berlin " * 100, "x"], 120, True, "right"),
     ("capital of france " * 10, ["Berlin " * 100, "y"], 120, True, "left"),
-    ("q " * 200, ["a", "b c"], 90, True, "right"),  # the shared part alone is over the limit
+    ("q " * 200, ["a", "b c"], 90, True, "left"),  # the shared part alone is over the limit
 ])
 @pytest.mark.parametrize("fallback", [False, True])
 def test_rerank_pair_budget_counts_the_pairs_built(rr_tok, query, docs, max_length, truncate, direction, fallback):

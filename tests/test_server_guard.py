@@ -137,6 +137,15 @@ def test_content_encoding_is_not_decoded_but_refused(plain, encoding, status):
             assert "Content-Encoding" in message and "uncompressed" in message
 
 
+def test_content_encoding_counts_every_header_line(plain):
+    """gzip then identity on two lines is still gzip: judged over every line, not the last."""
+    import gzip
+
+    headers = [("content-type", "application/json"), ("content-encoding", "gzip"), ("content-encoding", "identity")]
+    r = httpx.post(plain.url + "/echo", content=gzip.compress(b"{}"), headers=headers)
+    assert r.status_code == 415 and "Content-Encoding" in r.json()["error"], r.text
+
+
 def test_gzip_body_on_the_full_server_is_415_not_422(keyed_server):
     import gzip
 

@@ -216,6 +216,16 @@ def test_rerank_bad_inputs(servers, path, body, status):
         assert set(r.json()) == {"error", "error_type"}
 
 
+@pytest.mark.parametrize("path,body", [
+    ("/rerank", {"query": "", "texts": ["a"]}),
+    ("/v1/rerank", {"query": "", "documents": ["a"]}),
+])
+def test_empty_query_is_named(servers, path, body):
+    r = httpx.post(servers["compact"].url + path, json=body)
+    message = r.json()["error"]["message"] if path.startswith("/v1/") else r.json()["error"]
+    assert r.status_code == 400 and message == "query must not be empty", r.text
+
+
 def test_info_reranker(servers):
     info = httpx.get(servers["compact"].url + "/info").json()
     assert "reranker" in info["model_type"] and info["max_client_batch_size"] == 8
@@ -266,9 +276,12 @@ def test_long_query_with_many_documents_costs_once(servers):
 
     refused_v1, cpu, growth = measure(truncated)
     assert refused_v1.status_code == 422  # /v1/rerank follows --auto-truncate (false here)
+    # Truncating from the right would cut every document out (every score the same): refused.
+    cut_out = httpx.post(url + "/rerank", json={"query": query, "texts": docs, "truncate": True}, timeout=120)
+    assert cut_out.status_code == 422 and "maximum input length of 200" in cut_out.json()["error"], cut_out.text
     hits = cache_hit_tokens(url)
-    ok, cpu, growth = measure(lambda: httpx.post(
-        url + "/rerank", json={"query": query, "texts": docs, "truncate": True}, timeout=120))
+    ok, cpu, growth = measure(lambda: httpx.post(url + "/rerank", json={
+        "query": query, "texts": docs, "truncate": True, "truncation_direction": "Left"}, timeout=120))
     # Every input truncated to 200 tokens; x-compute-tokens leaves out what the prefix cache served.
     computed, served = int(ok.headers["x-compute-tokens"]), cache_hit_tokens(url) - hits
     assert ok.status_code == 200 and len(ok.json()) == 64 and computed + served == 64 * 200, (computed, served)

@@ -12,11 +12,18 @@ a new request-cycle object exactly when a request head is complete, so one mixin
 - connection cap: ``Connections`` counts the open connections of one server and keeps the idle
   ones (awaiting a request head) oldest first. A connection that opens beyond the cap closes the
   oldest idle one, so a flood of idle connections can neither exhaust the process's file
-  descriptors nor keep out a health probe; when every open connection is busy, the new one is
-  closed at once. Accepting never fails for want of descriptors as long as the cap leaves room
+  descriptors nor keep out a health probe; with none idle, the oldest one still receiving its
+  body (a slow body) is closed; when every open connection has a whole request in work, the new
+  one is closed at once. Accepting never fails for want of descriptors as long as the cap leaves room
   (``connection_limit``) and connections are accepted a few at a time (``PacedListener``).
 
-Invariant: a connection is in ``Connections.idle`` iff its head timer is armed.
+- request-head size: a head is counted while it arrives, before the parser sees its bytes (the
+  parsers have no limit of their own, or h11's 400 at 16 KiB). A line over ``HEAD_LINE_LIMIT``
+  or a head over ``HEAD_TOTAL_LIMIT`` (nginx's 8 KiB x 4) gets a 431 and the connection is
+  closed, so parsing work per connection is bounded whatever a client sends.
+
+Invariant: a connection is in ``Connections.idle`` iff its head timer is armed; its head counts
+(``_head_bytes``, ``_line_bytes``) are those of the head being received while the timer is armed.
 """
 from __future__ import annotations
 
@@ -31,7 +38,12 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from server.http.errors import error_bytes
+
 log = logging.getLogger("radixserve.server")
+
+HEAD_LINE_LIMIT = 8 * 1024  # bytes of one request-head line (the request line or a header)
+HEAD_TOTAL_LIMIT = 32 * 1024  # bytes of a whole request head
 
 # Descriptors kept out of the connection cap: model files, threads' pipes, the metrics listener, logs.
 FD_RESERVE_MIN = 64
@@ -69,19 +81,33 @@ class RateLimitedLog:
             self._last, self._count = now, 0
 
 
+def receiving_body(conn) -> bool:
+    """Is ``conn``'s request still arriving (its head read, its body not yet whole, no answer)?"""
+    cycle = getattr(conn, "cycle", None)
+    return cycle is not None and bool(getattr(cycle, "more_body", False)) and not getattr(
+        cycle, "response_started", True)
+
+
 class Connections:
-    """The open connections of one server, and the idle ones, oldest first."""
+    """The open connections of one server (``every``, oldest first), and the idle ones."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.open = 0
         self.idle: collections.OrderedDict[Any, None] = collections.OrderedDict()
+        self.every: collections.OrderedDict[Any, None] = collections.OrderedDict()
         self.evicted = 0
         self.warn = RateLimitedLog()
 
     def admit(self, conn) -> bool:
-        """Count ``conn`` in; False when it must be closed (at the cap, nothing idle to close)."""
+        """Count ``conn`` in; False when it must be closed (at the cap, nothing idle or slow to close).
+
+        At the cap the oldest idle connection is closed; failing that, the oldest one still
+        receiving its body (slow bodies, one byte a second, would otherwise hold every connection
+        until the body timeout and keep out a probe); failing that, ``conn`` itself.
+        """
         self.open += 1
+        self.every[conn] = None
         if self.open <= self.limit:
             return True
         while self.idle:
@@ -92,6 +118,13 @@ class Connections:
                 self.warn(logging.WARNING, "at the cap of %d open connections: closed the oldest idle one",
                           self.limit)
                 return True
+        for victim in self.every:
+            if victim is not conn and receiving_body(victim) and not victim.transport.is_closing():
+                close_now(victim.transport)
+                self.evicted += 1
+                self.warn(logging.WARNING, "at the cap of %d open connections: closed the oldest one still "
+                          "receiving its body", self.limit)
+                return True
         self.warn(logging.WARNING, "at the cap of %d open connections, all busy: refused a connection",
                   self.limit)
         return False
@@ -99,6 +132,7 @@ class Connections:
     def left(self, conn) -> None:
         self.open -= 1
         self.idle.pop(conn, None)
+        self.every.pop(conn, None)
 
 
 class PacedListener(socket.socket):
@@ -135,6 +169,9 @@ class HeadTimeout:
 
     header_timeout_s: float = 10.0
     connections_book: Connections | None = None
+    _head_bytes: int = 0  # bytes of the head being received
+    _line_bytes: int = 0  # bytes of its current (unfinished) line
+    _head_tail: bytes = b""  # its last 3 bytes: a blank line split across two reads
     # set by the protocol class (uvicorn's attributes)
     transport: Any
     loop: Any
@@ -155,8 +192,43 @@ class HeadTimeout:
         self._arm()
 
     def data_received(self, data: bytes) -> None:
+        if self._head_timer is not None and not self._head_fits(data):
+            return
         super().data_received(data)  # type: ignore[misc]
         self._check_head()
+
+    def _head_fits(self, data: bytes) -> bool:
+        """Count ``data`` (up to the head's blank line) against the head limits; False once it
+        answered 431 and closed the connection."""
+        tail = self._head_tail
+        joined = tail + data
+        ends = [i + len(m) for m in (b"\r\n\r\n", b"\n\n") if (i := joined.find(m)) >= 0]
+        end = min(ends) - len(tail) if ends else len(data)
+        region = data[:end]
+        self._head_bytes += len(region)
+        first, last = region.find(b"\n"), region.rfind(b"\n")
+        if first < 0:
+            self._line_bytes += len(region)
+            longest = self._line_bytes
+        else:
+            inner = region[first + 1:last].split(b"\n") if last > first else []
+            longest = max(self._line_bytes + first, *map(len, inner)) if inner else self._line_bytes + first
+            self._line_bytes = len(region) - last - 1
+        if longest <= HEAD_LINE_LIMIT and self._head_bytes <= HEAD_TOTAL_LIMIT:
+            if ends:  # the head is complete: the parser takes over
+                self._head_bytes = self._line_bytes = 0
+                self._head_tail = b""
+            else:
+                self._head_tail = joined[-3:]
+            return True
+        what = (f"a request-head line over {HEAD_LINE_LIMIT} bytes" if longest > HEAD_LINE_LIMIT
+                else f"a request head over {HEAD_TOTAL_LIMIT} bytes")
+        self._disarm()
+        status, body = error_bytes("header_too_large", f"{what}: send shorter headers", path="")
+        self.transport.write(b"HTTP/1.1 %d Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (status, len(body), body))
+        self.transport.close()
+        return False
 
     def on_response_complete(self) -> None:
         self._arm()  # NOTE: before super(): it may start a pipelined request at once
@@ -172,6 +244,8 @@ class HeadTimeout:
 
     def _arm(self) -> None:
         self._disarm()
+        self._head_bytes = self._line_bytes = 0
+        self._head_tail = b""
         if not self.transport.is_closing():
             self._armed_cycle = self.cycle  # a new cycle object = a complete new request head
             self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)

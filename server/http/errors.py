@@ -34,6 +34,7 @@ KINDS: dict[str, tuple[int, str, str, str]] = {
     "timeout": (408, "Timeout", "invalid_request_error", "request_timeout"),
     "too_large": (413, "PayloadTooLarge", "invalid_request_error", "payload_too_large"),
     "media_type": (415, "UnsupportedMediaType", "invalid_request_error", "unsupported_media_type"),
+    "header_too_large": (431, "RequestHeaderFieldsTooLarge", "invalid_request_error", "request_header_too_large"),
     "validation": (422, "Validation", "invalid_request_error", "invalid_value"),
     "tokenizer": (422, "Tokenizer", "invalid_request_error", "tokenizer_error"),
     "overloaded": (429, "Overloaded", "rate_limit_error", "rate_limit_exceeded"),
@@ -173,7 +174,22 @@ def install_handlers(app: FastAPI, *, on_error=None) -> None:
         elif exc.status_code == 400:  # FastAPI could not decode the body (e.g. not UTF-8)
             message = f"could not parse the request body as UTF-8 JSON ({message})"
         note(kind)
-        return error_response(kind, message, path=request.url.path)
+        response = error_response(kind, message, path=request.url.path)
+        for name, value in (exc.headers or {}).items():  # Allow on a 405
+            response.headers.setdefault(name, value)
+        return response
+
+    @app.exception_handler(MemoryError)
+    async def _memory(request: Request, exc: MemoryError) -> JSONResponse:
+        # NOTE: an allocation failed for this request (an answer too big for what is left): it
+        # fails alone, with a retryable 503; the server keeps serving.
+        rid = request_id(request)
+        log.error("out of memory on %s (request id %s)", request.url.path, rid)
+        note("unhealthy")
+        response = error_response("unhealthy", f"not enough memory for this request; retry later or send fewer "
+                                  f"or shorter inputs (request id {rid})", path=request.url.path)
+        response.headers["x-request-id"] = rid
+        return response
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -117,7 +117,10 @@ class FrontDoor:
         if method not in BODY_METHODS:
             await self.app(scope, receive, send)
             return
-        problem = json_content_type(headers.get(b"content-type")) or content_encoding(headers.get(b"content-encoding"))
+        # every Content-Encoding line counts (a later ``identity`` must not hide an earlier ``gzip``)
+        codings = [v for k, v in scope.get("headers", []) if k.lower() == b"content-encoding"]
+        problem = json_content_type(headers.get(b"content-type")) or content_encoding(
+            b", ".join(codings) if codings else None)
         if problem is not None:
             await self._reject(send, "media_type", problem, path, close=True)
             return

@@ -26,8 +26,8 @@ from typing import Sequence
 
 import uvicorn
 
-from server.http.connections import (Connections, HeadTimeoutH11, RateLimitedLog, connection_limit,
-                                     httptools_protocol, paced)
+from server.http.connections import (HEAD_TOTAL_LIMIT, Connections, HeadTimeoutH11, RateLimitedLog,
+                                     connection_limit, httptools_protocol, paced)
 from server.http.lifecycle import Lifecycle
 
 log = logging.getLogger("radixserve.server")
@@ -63,6 +63,8 @@ def uvicorn_config(app, *, stack: str, header_timeout_s: float, max_connections:
     with h11); ``kw``: uvicorn's other settings."""
     http = protocol_class(header_timeout_s, stack=stack, max_connections=max_connections)
     loop = "uvloop" if resolve_stack(stack) == "httptools" else "asyncio"
+    # NOTE: h11's own cap (16 KiB, a 400) sits above ours, so every over-long head gets our 431.
+    kw.setdefault("h11_max_incomplete_event_size", HEAD_TOTAL_LIMIT + 1024)
     return uvicorn.Config(app, http=http, loop=loop, **kw)
 
 
@@ -159,12 +161,15 @@ def bind_sockets(*, hostname: str, port: int, uds_path: str | None) -> list[sock
 
 
 def metrics_server(registry, *, sock: socket.socket, stack: str, header_timeout_s: float,
-                   max_connections: int | None = None, on_scrape=None) -> tuple[uvicorn.Server, list[socket.socket]]:
-    """The --prometheus-port listener: /metrics only, on the API's stack and protocol (a side
-    server of ``DrainingServer``, on the same event loop)."""
+                   max_connections: int | None = None, on_scrape=None,
+                   healthy=None) -> tuple[uvicorn.Server, list[socket.socket]]:
+    """The --prometheus-port listener: /metrics (and /health with ``healthy``), on the API's stack
+    and protocol, with a connection cap of its own (a side server of ``DrainingServer``, on the
+    same event loop)."""
     from server.http.metrics_listener import metrics_app
 
-    config = uvicorn_config(metrics_app(registry, on_scrape=on_scrape), stack=stack, header_timeout_s=header_timeout_s,
+    app = metrics_app(registry, on_scrape=on_scrape, healthy=healthy)
+    config = uvicorn_config(app, stack=stack, header_timeout_s=header_timeout_s,
                             max_connections=max_connections, log_config=None, lifespan="off",
                             access_log=False)
     return uvicorn.Server(config), [sock]

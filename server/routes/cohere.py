@@ -136,7 +136,7 @@ class CohereRoutes:
                         documents: list[str]) -> tuple[list[int], list[float], Usage]:
         """Documents ranked by relevance to ``query``: (order, relevance by input index, usage)."""
         # NOTE: an empty document is scored (its templated input is not empty); an empty query is not.
-        self.service.check_inputs(len(documents), empty=query == "", what="documents")
+        self.service.check_inputs(len(documents), query=query, what="documents")
         result = await self.service.rerank(
             request, call, query, documents, instruction=prompts.DEFAULT_INSTRUCTION,
             truncate=self.service.truncate(None), direction="right",

@@ -53,7 +53,7 @@ class InfinityRoutes:
         service.require("reranker", request.url.path)
         body = await parse_body(request, InfinityRerankRequest, max_items=self.max_items)
         texts = [d if isinstance(d, str) else d.text for d in body.documents]
-        service.check_inputs(len(texts), empty=body.query == "", what="documents")
+        service.check_inputs(len(texts), query=body.query, what="documents")
         result = await service.rerank(request, call, body.query, texts, instruction=prompts.DEFAULT_INSTRUCTION,
                                       truncate=service.truncate(None), direction="right")
 

@@ -126,7 +126,7 @@ class TeiRoutes:
 
     async def answer_rerank(self, request: Request, body: RerankRequest, call: Call) -> Response:
         service = self.service
-        service.check_inputs(len(body.texts), empty=body.query == "", what="texts")
+        service.check_inputs(len(body.texts), query=body.query, what="texts")
         result = await service.rerank(
             request, call, body.query, body.texts, truncate=service.truncate(body.truncate),
             direction=body.truncation_direction,
@@ -149,7 +149,7 @@ class TeiRoutes:
         """/rerank given ``documents``: vLLM's answer (Jina's and Cohere v1's results), cut to top_n."""
         service = self.service
         texts = [d if isinstance(d, str) else d.text for d in body.documents]
-        service.check_inputs(len(texts), empty=body.query == "", what="documents")
+        service.check_inputs(len(texts), query=body.query, what="documents")
         result = await service.rerank(
             request, call, body.query, texts, truncate=service.truncate(None), direction="right",
             instruction=body.instruction if body.instruction is not None else self.service.runner.rerank_instruction,

@@ -2,7 +2,8 @@
 
 Order of checks (cheapest first, none of them queues anything): model kind (400), empty input
 (400), too many inputs (422), worker alive (503), permits (429, at once); then tokenization (422
-on bad input) and the scheduler. Routes run the checks their dialect needs, then call one of
+on bad input), the memory budget (server/memory.py: 413 when the request can never fit, 429 when
+not now) and the scheduler. Routes run the checks their dialect needs, then call one of
 ``embed``, ``embed_ids``, ``rerank``, ``similarity``, ``embed_all``, ``tokenize``, ``decode``
 and render the result (server/service/results.py). The invariants: permits taken for a request
 are given back on every path out, including a client that disconnects while its items wait in
@@ -26,6 +27,7 @@ from scheduler.metrics import Metrics
 from server.http import cache_salt
 from server.http.errors import ApiError, ClientGone, internal_message
 from server.http.request_id import request_id
+from server.memory import MemoryBudget, estimate
 from server.service.contract import ServedRunner, ServedScheduler
 from server.service.encoding import render
 from server.service.heads import use_instead
@@ -62,8 +64,9 @@ class Service:
 
     def __init__(self, *, runner: ServedRunner, scheduler: ServedScheduler, metrics: Metrics, limits: Limits,
                  permits: Permits, default_prompt_name: str | None = None, default_prompt: str | None = None,
-                 tokenization_workers: int = 2) -> None:
+                 tokenization_workers: int = 2, memory: MemoryBudget | None = None) -> None:
         self.runner = runner
+        self.memory = memory if memory is not None else MemoryBudget(None)
         # The server's default prompt (flag) wins over the checkpoint's default_prompt_name.
         self.default_prompt = default_prompt
         self.default_prompt_name = default_prompt_name or runner.default_prompt_name
@@ -91,7 +94,10 @@ class Service:
                 f"{self.runner.kind!r} ({self.runner.model_id}); use {other}",
             )
 
-    def check_inputs(self, n: int, *, empty: bool, what: str = "inputs") -> None:
+    def check_inputs(self, n: int, *, empty: bool = False, what: str = "inputs", query: str | None = None) -> None:
+        """400 for no inputs, an empty one, or an empty rerank ``query`` (named); 422 for too many."""
+        if query == "":
+            raise ApiError("empty", "query must not be empty")
         if n == 0 or empty:
             raise ApiError("empty", f"{what} must not be empty")
         if n > self.limits.max_client_batch_size:
@@ -243,7 +249,12 @@ class Service:
             raise ApiError("unhealthy", f"the model worker is not running; retry later (request id {rid})")
         with self.admitted(n_items):
             items = await encode()
-            result = await self._submit(request, items, all_tokens=all_tokens)
+            tokens = sum(map(len, items))
+            width = 1 if self.runner.kind == "reranker" else self.runner.hidden_size  # a score, or a vector
+            floats = (tokens if all_tokens else len(items)) * width
+            with self.memory.reserved(estimate(tokens=tokens, answer_floats=floats),
+                                      what=f"{tokens} tokens, an answer of {floats} floats"):
+                result = await self._submit(request, items, all_tokens=all_tokens)
         total = time.perf_counter() - call.start
         m = self.metrics
         m.request_duration.observe(total)

@@ -59,6 +59,9 @@ class Tokenization:
             if inline:
                 return fn()
             return await asyncio.get_running_loop().run_in_executor(self.executor, fn)
+        except MemoryError as exc:  # this request's, not the process's: the server keeps serving
+            raise ApiError("unhealthy", "not enough memory to tokenize this request; retry later or send "
+                                        "fewer or shorter inputs") from exc
         except ValueError as exc:  # InputTooLong, UnknownPrompt, PairBudgetExceeded, a template that cannot fit
             raise ApiError("validation", str(exc)) from exc
         except Exception as exc:  # noqa: BLE001 - a tokenizer failure is the input's fault

@@ -1,0 +1,127 @@
+"""The memory budget: what requests may hold together, so that no request can exhaust the process.
+
+The limit is the smallest of ``--memory-limit``, the cgroup's (v2 ``memory.max``, v1
+``memory.limit_in_bytes``) and the address-space limit (``RLIMIT_AS``, ``ulimit -v``). What the
+process already uses when serving starts (the model, the threads, the caches: ``baseline``) and
+a headroom (a quarter of what is left, at least 64 MiB: a batch's activations, allocator slack)
+are kept out; the rest is the requests' budget. Every request reserves its estimated bytes after
+tokenization, before it is queued (``estimate``: its tokens, as id lists and scheduler rows, and
+its answer's floats, as arrays and JSON text) and gives them back on every path out:
+- an estimate over the whole budget can never fit: 413 naming the limit and what the request
+  holds;
+- an estimate over what is left now (other requests hold the rest): 429, retry later.
+No limit anywhere: no budget (every reservation succeeds). Work before tokenization is bounded
+by the payload limit and by tokenizing only what truncation keeps (models/prompts.py).
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import resource
+from typing import Iterator
+
+from server.http.errors import ApiError
+
+MIB = 1 << 20
+TOKEN_BYTES = 96  # an id in a Python list (object + pointer), its scheduler rows, its share of the batch
+FLOAT_BYTES = 32  # an answer float: the array's 4 bytes and ~25 bytes of JSON text being rendered
+MIN_HEADROOM = 64 * MIB
+HEADROOM_SHARE = 0.25
+UNLIMITED = 1 << 62  # cgroup v1 reports "no limit" as a huge number near 2**63
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None  # v2 "max": no limit
+
+
+def cgroup_limit(root: str = "/sys/fs/cgroup") -> int | None:
+    """This process's cgroup memory limit in bytes (v2, then v1), or None."""
+    rel = ""
+    with contextlib.suppress(OSError):
+        with open("/proc/self/cgroup", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    rel = line.strip()[3:].lstrip("/")
+    for path in (os.path.join(root, rel, "memory.max"), os.path.join(root, "memory.max"),
+                 os.path.join(root, "memory", "memory.limit_in_bytes")):
+        value = _read_int(path)
+        if value is not None and value < UNLIMITED:
+            return value
+    return None
+
+
+def address_space_limit() -> int | None:
+    soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+    return None if soft in (resource.RLIM_INFINITY, -1) else int(soft)
+
+
+def _status_kib(field: str) -> int:
+    with contextlib.suppress(OSError):
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    return 0
+
+
+def detect_limit(flag: int | None) -> tuple[int | None, str]:
+    """(bytes, source): the smallest limit of the flag, the cgroup and RLIMIT_AS; (None, "none")."""
+    found = [(v, name) for v, name in ((flag, "--memory-limit"), (cgroup_limit(), "the cgroup memory limit"),
+                                       (address_space_limit(), "the address-space limit (ulimit -v)"))
+             if v is not None]
+    return min(found) if found else (None, "none")
+
+
+def estimate(*, tokens: int, answer_floats: int) -> int:
+    """Bytes a request holds while it is served: its tokens and its answer's floats."""
+    return tokens * TOKEN_BYTES + answer_floats * FLOAT_BYTES
+
+
+class MemoryBudget:
+    """Bytes the requests in flight may hold together (event-loop confined: no lock needed)."""
+
+    def __init__(self, limit: int | None, *, source: str = "--memory-limit", baseline: int = 0) -> None:
+        self.limit, self.source, self.in_use = limit, source, 0
+        self.total: int | None = None
+        if limit is not None:
+            left = max(0, limit - baseline)
+            self.total = max(0, left - max(MIN_HEADROOM, int(left * HEADROOM_SHARE)))
+
+    @classmethod
+    def detect(cls, flag: int | None) -> "MemoryBudget":
+        """The budget of this process, its baseline measured now (VmSize against an address-space
+        limit, which counts reservations; resident memory against the others)."""
+        limit, source = detect_limit(flag)
+        if limit is None:
+            return cls(None, source=source)
+        baseline = _status_kib("VmSize" if source.startswith("the address") else "VmRSS")
+        return cls(limit, source=source, baseline=baseline)
+
+    @contextlib.contextmanager
+    def reserved(self, nbytes: int, *, what: str) -> Iterator[None]:
+        """Hold ``nbytes`` for the block: 413 when it can never fit, 429 when it does not fit now."""
+        total = self.total
+        if total is not None:
+            if nbytes > total:
+                raise ApiError(
+                    "too_large",
+                    f"this request ({what}) needs about {nbytes / MIB:.0f} MiB while served, more than the "
+                    f"{total / MIB:.0f} MiB that requests may hold under {self.source} of "
+                    f"{(self.limit or 0) / MIB:.0f} MiB; send fewer or shorter inputs",
+                )
+            if self.in_use + nbytes > total:
+                raise ApiError(
+                    "overloaded",
+                    f"not enough memory left for this request now ({nbytes / MIB:.0f} MiB; requests in flight "
+                    f"hold {self.in_use / MIB:.0f} of {total / MIB:.0f} MiB under {self.source}); retry later",
+                )
+        self.in_use += nbytes
+        try:
+            yield
+        finally:
+            self.in_use -= nbytes

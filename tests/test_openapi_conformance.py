@@ -1,0 +1,94 @@
+"""The OpenAPI schema is the contract: schemathesis drives a real server (uvicorn on a loopback
+port, the embedding fixture) from /openapi.json, a bounded number of cases per operation, and
+every answer must conform: documented status codes with their error bodies, truthful content
+types, an Allow header on 405, no 5xx, and bodies the schema admits are not refused as invalid."""
+from __future__ import annotations
+
+import pytest
+
+schemathesis = pytest.importorskip("schemathesis", reason="schemathesis not installed (pip install '.[test]')")
+
+from hypothesis import HealthCheck, Phase, settings  # noqa: E402
+
+from tests.serving import ServerThread, cached_runner  # noqa: E402
+
+from schemathesis.specs.openapi.checks import positive_data_acceptance  # noqa: E402
+
+CASES_PER_OPERATION = 25
+
+
+@pytest.fixture(scope="module")
+def server(tiny_embedding_dir):
+    from server.app import create_app
+    from server.config import ServerConfig
+
+    app = create_app(ServerConfig(model_id=str(tiny_embedding_dir), max_client_batch_size=8, max_batch_tokens=512),
+                     runner=cached_runner(str(tiny_embedding_dir)))
+    with ServerThread(app) as srv:
+        yield srv
+
+
+def test_every_operation_conforms(server):
+    from hypothesis import given
+
+    schema = schemathesis.openapi.from_url(server.url + "/openapi.json")
+    failures: dict[str, str] = {}
+    operations = [result.ok() for result in schema.get_all_operations()]
+    assert len(operations) > 15
+    for operation in operations:
+
+        @settings(max_examples=CASES_PER_OPERATION, deadline=None, derandomize=True, database=None,
+                  suppress_health_check=list(HealthCheck), phases=[Phase.explicit, Phase.generate])
+        @given(case=operation.as_strategy())
+        def run(case):
+            case.call_and_validate(base_url=server.url, excluded_checks=excluded)
+
+        # NOTE: schemathesis' positive_data_acceptance (every schema-valid body answered 2xx) is
+        # left out: JSON Schema cannot say "an integer written without a fraction" (the server's
+        # strict ints refuse 18.0) nor the per-dialect semantic checks; the schema's own bounds
+        # are checked in test_schema_refuses_what_the_server_refuses below.
+        excluded = [positive_data_acceptance]
+
+        try:
+            run()
+        except BaseException as exc:  # noqa: BLE001 - every operation's failures (a group) are collected
+            failures[operation.label] = str(exc)[:1500]
+    assert not failures, "\n\n".join(f"{k}:\n{v}" for k, v in failures.items())
+
+
+def test_schema_refuses_what_the_server_refuses(server):
+    import httpx
+    import jsonschema
+
+    spec = httpx.get(server.url + "/openapi.json").json()
+    embed = spec["paths"]["/embed"]["post"]
+    body = embed["requestBody"]["content"]["application/json"]["schema"]
+    for bad in ({"inputs": ""}, {"inputs": []}, {"inputs": ["a", ""]}, {"inputs": ["a"] * 9},
+                {"inputs": "a", "truncation_direction": "middle"}, {"inputs": [[1, -1]]}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, body)
+        assert 400 <= httpx.post(server.url + "/embed", json=bad).status_code < 500, bad
+    jsonschema.validate({"inputs": ["a", "b"], "truncation_direction": "Left"}, body)
+    for status in ("400", "413", "415", "422", "429", "431", "503"):
+        assert embed["responses"][status]["content"]["application/json"]["schema"]["$ref"].endswith("ErrorTEI")
+    v1 = spec["paths"]["/v1/embeddings"]["post"]["responses"]["422"]["content"]["application/json"]["schema"]
+    assert v1["$ref"].endswith("ErrorOpenAI")
+    for path in ("/", "/health", "/ping"):
+        assert "content" not in spec["paths"][path]["get"]["responses"]["200"]
+        r = httpx.get(server.url + path)
+        assert r.status_code == 200 and r.content == b""
+    assert list(spec["paths"]["/metrics"]["get"]["responses"]["200"]["content"]) == ["text/plain"]
+    assert httpx.get(server.url + "/metrics").headers["content-type"].startswith("text/plain")
+
+
+def test_head_on_get_routes_and_allow_on_405(server):
+    import httpx
+
+    for path in ("/health", "/info", "/metrics", "/v1/models", "/openapi.json"):
+        head, get = httpx.head(server.url + path), httpx.get(server.url + path)
+        assert head.status_code == 200 and head.content == b"", path
+        assert head.headers.get("content-type") == get.headers.get("content-type")
+    wrong = httpx.get(server.url + "/embed")
+    assert wrong.status_code == 405 and "POST" in wrong.headers["allow"], wrong.headers
+    wrong = httpx.post(server.url + "/health", json={})
+    assert wrong.status_code == 405 and "GET" in wrong.headers["allow"]
