@@ -24,7 +24,6 @@ import orjson
 
 from fastapi import APIRouter, Request, Response
 
-from models import prompts
 from server.http.bodies import openapi_body, parse_body
 from server.http.errors import ApiError
 from server.routes.schemas import CohereRerankRequest, CohereRerankResponse
@@ -138,7 +137,7 @@ class CohereRoutes:
         # NOTE: an empty document is scored (its templated input is not empty); an empty query is not.
         self.service.check_inputs(len(documents), query=query, what="documents")
         result = await self.service.rerank(
-            request, call, query, documents, instruction=prompts.DEFAULT_INSTRUCTION,
+            request, call, query, documents, instruction=self.service.runner.rerank_instruction,
             truncate=self.service.truncate(None), direction="right",
         )
 

@@ -21,7 +21,6 @@ from enum import Enum
 
 from fastapi import APIRouter, Request, Response
 
-from models import prompts
 from server.http.bodies import openapi_body, parse_body
 from server.routes.schemas_compat import InfinityRerankRequest, InfinityRerankResponse
 from server.service.core import Service
@@ -54,7 +53,7 @@ class InfinityRoutes:
         body = await parse_body(request, InfinityRerankRequest, max_items=self.max_items)
         texts = [d if isinstance(d, str) else d.text for d in body.documents]
         service.check_inputs(len(texts), query=body.query, what="documents")
-        result = await service.rerank(request, call, body.query, texts, instruction=prompts.DEFAULT_INSTRUCTION,
+        result = await service.rerank(request, call, body.query, texts, instruction=service.runner.rerank_instruction,
                                       truncate=service.truncate(None), direction="right")
 
         def build() -> bytes:
