@@ -58,7 +58,8 @@ class AttnMeta:
     @cached_property
     def short(self) -> "ShortPlan":
         """``sdpa_varlen``'s CPU split: which runs keep their own calls and which short
-        sequences share batched calls (``short_plan``); built on first use, once per batch."""
+        sequences share batched calls (``short_plan``); built with the batch on the CPU
+        (``make_meta``), so the forward reads host-built index tensors only."""
         return short_plan(self.runs, self.host_cu_seqlens_q, self.host_cu_seqlens_k)
 
 
@@ -179,12 +180,15 @@ def make_meta(cu_q, cu_k, device: torch.device | str) -> AttnMeta:
     host_q, host_k = tuple(int(x) for x in cu_q), tuple(int(x) for x in cu_k)
     lq = [b - a for a, b in zip(host_q[:-1], host_q[1:])]
     lk = [b - a for a, b in zip(host_k[:-1], host_k[1:])]
-    return AttnMeta(
+    meta = AttnMeta(
         cu_seqlens_q=to_device(torch.tensor(host_q, dtype=torch.int32), device),
         cu_seqlens_k=to_device(torch.tensor(host_k, dtype=torch.int32), device),
         max_seqlen_q=max(lq, default=0), max_seqlen_k=max(lk, default=0),
         host_cu_seqlens_q=host_q, host_cu_seqlens_k=host_k, runs=_runs(host_q, host_k),
     )
+    if device.type == "cpu":
+        meta.short  # noqa: B018 - the CPU split's index tensors are built here, never inside the forward
+    return meta
 
 
 @dataclass(frozen=True)
@@ -341,9 +345,12 @@ def short_plan(runs: tuple[Run, ...], cu_q, cu_k) -> ShortPlan:
             g.append(s)
         else:
             groups.append([s])
+    run_of = np.repeat(np.arange(len(runs)), [r[2] for r in runs])  # [B] the run each sequence is in
     taken = np.zeros(len(lq), bool)
     buckets = []
-    for members in (np.sort(np.asarray(g, np.int64)) for g in groups if len(g) >= SHORT_MIN):
+    # NOTE: a group from one run only is that run's own batched call already: nothing to merge.
+    for members in (np.sort(np.asarray(g, np.int64)) for g in groups
+                    if len(g) >= SHORT_MIN and len(set(run_of[g].tolist())) > 1):
         taken[members] = True
         b, length = len(members), int(lq[members].max())
         pre = int(lk[members[0]] - lq[members[0]])

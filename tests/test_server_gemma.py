@@ -42,7 +42,7 @@ def test_gemma2_embeddings_over_http(fixture_root):
         for _ in range(2):  # the second request reads the prefix cache
             got = np.asarray(httpx.post(srv.url + "/embed", json={"inputs": TEXTS}, timeout=60).json())
             assert np.abs(got - want).max() < 1e-4
-        oai = httpx.post(srv.url + "/v1/embeddings", json={"input": TEXTS, "model": "m"}, timeout=60).json()
+        oai = httpx.post(srv.url + "/v1/embeddings", json={"input": TEXTS, "model": str(d)}, timeout=60).json()
         assert np.abs(np.asarray([x["embedding"] for x in oai["data"]]) - want).max() < 1e-4
         info = httpx.get(srv.url + "/info", timeout=60).json()
         assert info["attention_backend"] == "spec-varlen" and "softcap" in info["attention_backend_rejected"]["sdpa"]
