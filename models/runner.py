@@ -25,7 +25,7 @@ from models.attention_lse import select_cpu_kernel
 from models.attention_select import select_backend
 from models.batch import ForwardBatch, build_forward_batch
 from models.config import ModelConfig
-from models.linear import pack_linears
+from models.linear_select import choose_linears
 from models.loader import (default_device, describe_memory, load_weights, memory_report, parse_dtype,
                            resolve_model_dir)
 from models.options import KINDS, POOLINGS, RADIX_ATTENTION, check_radix_mlp_threshold, use_index
@@ -93,7 +93,8 @@ class Runner:
     tree_attention: str = "auto"
     tree_path: TreeBackend | None = None
     tree_rejected: dict[str, str] = field(default_factory=dict)
-    linear: str = "F.linear"  # "onednn-packed" when models.linear packed the weights
+    linear: str = "F.linear"  # the CPU linear kernel chosen at load (models.linear_select)
+    linear_choice: str = ""  # cpu_weights and why that kernel: "int8: int8-dynamic (1.31x ...)"
     # the CPU's attention blocks: "flash (why)" or "onednn-tiles ..." (attention_lse.select_cpu_kernel)
     cpu_attention: str = "flash"
     # weights_bytes; on CUDA allocated_bytes and reserved_bytes after load (models.loader.memory_report)
@@ -284,7 +285,7 @@ def _token_id(tok: Tokenizer, word: str) -> int:
 def load_runner(model_id: str, *, revision: str | None = None, device=None, dtype=None,
                 radix_attention: str = "compact", pooling: str | None = None,
                 kind: str | None = None, radix_mlp_threshold: float = 0.95,
-                prefix_cache_size: str | int = DEFAULT_SIZE, cpu_packed_weights: bool = True,
+                prefix_cache_size: str | int = DEFAULT_SIZE, cpu_packed_weights: bool = True, cpu_weights: str = "fp32",
                 keep_dense_weights: bool = True, max_batch_tokens: int = 16384,
                 tree_attention: str = "auto") -> Runner:
     """Resolve, load and wire up a model for serving (see docs/architecture.md).
@@ -292,7 +293,8 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     prefix_cache_size: "512MiB", "2GB", "8192tokens", a byte count, "auto" or 0 (off); see
     docs/operations.md, "Prefix cache". cpu_packed_weights: reorder the linear weights for oneDNN
     on a CPU in float32 (models/linear.py); keep_dense_weights=False then frees the dense copies
-    (serving: one copy in memory; gradients no longer reach the linear weights).
+    (serving: one copy in memory; gradients no longer reach the linear weights). cpu_weights:
+    fp32, int8 or bf16 linear weights on a CPU in float32 (models/linear_select.py).
     max_batch_tokens: the largest batch served; a CUDA `auto` cache is sized after a forward of it.
     Nothing is warmed up here: the scheduler's worker thread calls `warm_up` before serving.
     """
@@ -334,7 +336,9 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     model.eval()
     memory = memory_report(model, device)
     log.info("weights loaded: %s", describe_memory(memory))
-    linear = _pack(model, device=device, dtype=dtype, wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
+    linear = choose_linears(model, device=device, dtype=dtype, weights=cpu_weights,
+                            packed_wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
+    log.info("linear layers: %s weights, %s", linear.weights, linear.report)
     cpu_attention = _cpu_attention(cfg, device=device, dtype=dtype, wanted=cpu_packed_weights)
 
     prompts, default_prompt_name = _prompts(model_dir)
@@ -349,30 +353,14 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         kernels=kernels.describe(device), max_positions=max_positions,
         hidden_size=cfg.hidden_size, prompts=prompts, default_prompt_name=default_prompt_name,
         yes_id=yes_id, no_id=no_id, radix_mlp_threshold=radix_mlp_threshold,
-        attention_rejected=dict(backend.rejected), linear=linear, memory=memory,
+        attention_rejected=dict(backend.rejected), linear=linear.kernel, memory=memory,
+        linear_choice=f"{linear.weights}: {linear.report}",
         tree_attention=tree_attention, tree_path=tree_path, tree_rejected=tree_rejected,
         cpu_attention=cpu_attention,
     )
     runner.prefix_cache, runner.prefix_cache_report = start_prefix_cache(runner, prefix_cache_size,
                                                                          max_batch_tokens=max_batch_tokens)
     return runner
-
-
-def _pack(model: Qwen3Model, *, device: torch.device, dtype: torch.dtype, wanted: bool,
-          keep_dense: bool) -> str:
-    """Pack the linears where it pays (CPU float32); say at start which path runs and why."""
-    if not wanted:
-        log.info("linear layers: F.linear (cpu_packed_weights off)")
-        return "F.linear"
-    reason = pack_linears(model, device=device, dtype=dtype, keep_dense=keep_dense)
-    if reason is None:
-        log.info("linear layers: oneDNN with weights packed at load (CPU float32%s)",
-                 "" if keep_dense else "; the packed copy is the only one")
-        return "onednn-packed"
-    # NOTE: not packing is the normal case off the CPU; on the CPU in fp32 it is a slow path
-    (log.warning if device.type == "cpu" and dtype == torch.float32 else log.info)(
-        "linear layers: F.linear (%s)", reason)
-    return "F.linear"
 
 
 def _cpu_attention(cfg: ModelConfig, *, device: torch.device, dtype: torch.dtype, wanted: bool) -> str:
