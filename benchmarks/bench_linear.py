@@ -60,7 +60,10 @@ def compare(runner: Runner, rows: list[int], *, repeats: int = 7, warmup: int = 
 
 def weights_speed(runner: Runner, weights: list[str], rows: list[int], *, repeats: int = 5,
                   seed: int = 0) -> list[dict]:
-    """[{rows, fp32_ms, <w>_ms, fp32_over_<w>}]: one sequence of each length, alternating precisions."""
+    """[{rows, fp32_ms, <w>_ms, fp32_over_<w>}]: one sequence of each length, alternating precisions.
+
+    Milliseconds of this process's CPU time (all its threads): on a shared machine steadier than
+    wall time, which waits for other processes too."""
     from models.linear_select import choose_linears
 
     rng = np.random.default_rng(seed)
@@ -77,9 +80,9 @@ def weights_speed(runner: Runner, weights: list[str], rows: list[int], *, repeat
             for w in names:
                 choose_linears(runner.model, device=runner.device, dtype=runner.dtype, weights=w, force=picks[w])
                 with torch.inference_mode():
-                    t0 = time.perf_counter()
+                    t0 = time.process_time()
                     runner.forward(fb)
-                    dt = (time.perf_counter() - t0) * 1e3
+                    dt = (time.process_time() - t0) * 1e3
                 if k:
                     times[w].append(dt)
         row: dict = {"rows": n}
@@ -159,7 +162,7 @@ def main(argv=None) -> int:
 def _weights_main(runner: Runner, args, model_dir: str) -> int:
     weights = list(args.weights)
     print(f"# fp32 vs {' '.join(weights)} weights, {model_dir}, cpu float32, {torch.get_num_threads()} threads, "
-          f"median of {args.repeats}, alternating")
+          f"median of {args.repeats} (CPU ms of the process), alternating")
     rows = weights_speed(runner, weights, args.rows, repeats=args.repeats)
     print(" ".join([f"{'rows':>6}", f"{'fp32_ms':>9}"] + [f"{w + '_ms':>9} {'fp32/' + w:>10}" for w in weights]))
     for r in rows:

@@ -24,13 +24,14 @@ import logging
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models import linear as packed_linear
 from models.linear import Linear, clear_kernels, pack_linears, set_kernels, unpack_linears
 from models.linear_quant import KERNELS, bf16_missing
 
@@ -55,6 +56,7 @@ class LinearChoice:
     kernel: str
     report: str
     seconds: dict[str, float] = field(default_factory=dict)  # measured: kernel -> score
+    failed: bool = False  # a candidate failed its self-test: a slower path may run (log a WARNING)
 
 
 def check_cpu_weights(value: str) -> str:
@@ -107,8 +109,9 @@ def choose_linears(model: nn.Module, *, device: torch.device, dtype: torch.dtype
     threads = torch.get_num_threads()
     if force is not None or len(ops) == 1:
         name = next(iter(ops))
-        why = f"{ENV}={force}" if force is not None else "; ".join(f"{k}: {v}" for k, v in rejected.items())
-        choice = LinearChoice(weights, name, f"{name} ({why or 'the only candidate'})")
+        why = [f"{ENV}={force}"] if force is not None else []
+        why += [f"{k}: {v}" for k, v in rejected.items()]
+        choice = LinearChoice(weights, name, f"{name} ({'; '.join(why) or 'the only candidate'})")
     else:
         t0 = time.perf_counter()
         seconds = measure(ops, timer=timer)
@@ -119,7 +122,8 @@ def choose_linears(model: nn.Module, *, device: torch.device, dtype: torch.dtype
         others = "".join(f"; {k}: {v}" for k, v in rejected.items())
         choice = LinearChoice(weights, name, f"{name} ({gain:.2f}x {runner_up} on the model's shapes at "
                                              f"{threads} threads, measured in {took:.2f} s{others})", seconds)
-    return _install(model, choice, keep_dense)
+    failed = any(why.startswith("self-test failed") for why in rejected.values())
+    return _install(model, replace(choice, failed=failed), keep_dense)
 
 
 def _install(model: nn.Module, choice: LinearChoice, keep_dense: bool) -> LinearChoice:
@@ -129,7 +133,7 @@ def _install(model: nn.Module, choice: LinearChoice, keep_dense: bool) -> Linear
     if choice.kernel == "onednn-packed":
         reason = pack_linears(model, device=torch.device("cpu"), dtype=torch.float32, keep_dense=keep_dense)
         if reason is not None:
-            return LinearChoice(choice.weights, "F.linear", f"F.linear ({reason})")
+            return LinearChoice(choice.weights, "F.linear", f"F.linear ({reason})", failed=True)
     elif choice.kernel in KERNELS:
         set_kernels(model, choice.kernel, keep_dense=keep_dense)
     return choice
@@ -151,9 +155,8 @@ def _prepare(name: str, layers: list[Linear]) -> list[tuple[Callable[[Tensor], T
         if name == "F.linear":
             out.append(((lambda x, w=w, b=b: F.linear(x, w, b)), m.in_features))
         elif name == "onednn-packed":
-            packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-            out.append(((lambda x, p=packed, b=b: torch.ops.mkldnn._linear_pointwise(x, p, b, "none", [], "")),
-                        m.in_features))
+            packed = packed_linear._reorder(w)
+            out.append(((lambda x, p=packed, b=b: packed_linear._packed_linear(x, p, b)), m.in_features))
         else:
             out.append((KERNELS[name](w, b), m.in_features))
     return out

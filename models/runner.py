@@ -338,7 +338,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     log.info("weights loaded: %s", describe_memory(memory))
     linear = choose_linears(model, device=device, dtype=dtype, weights=cpu_weights,
                             packed_wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
-    log.info("linear layers: %s weights, %s", linear.weights, linear.report)
+    (log.warning if linear.failed else log.info)("linear layers: %s weights, %s", linear.weights, linear.report)
     cpu_attention = _cpu_attention(cfg, device=device, dtype=dtype, wanted=cpu_packed_weights)
 
     prompts, default_prompt_name = _prompts(model_dir)
