@@ -20,6 +20,7 @@ Off the CPU, or in another dtype than float32, linears run ``F.linear`` in the m
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import os
@@ -109,9 +110,9 @@ def choose_linears(model: nn.Module, *, device: torch.device, dtype: torch.dtype
     threads = torch.get_num_threads()
     if force is not None or len(ops) == 1:
         name = next(iter(ops))
-        why = [f"{ENV}={force}"] if force is not None else []
-        why += [f"{k}: {v}" for k, v in rejected.items()]
-        choice = LinearChoice(weights, name, f"{name} ({'; '.join(why) or 'the only candidate'})")
+        reasons = [f"{ENV}={force}"] if force is not None else []
+        reasons += [f"{k}: {v}" for k, v in rejected.items()]
+        choice = LinearChoice(weights, name, f"{name} ({'; '.join(reasons) or 'the only candidate'})")
     else:
         t0 = time.perf_counter()
         seconds = measure(ops, timer=timer)
@@ -149,17 +150,22 @@ def _shapes(layers: list[Linear]) -> list[Linear]:
 
 def _prepare(name: str, layers: list[Linear]) -> list[tuple[Callable[[Tensor], Tensor], int]]:
     """[(op [M, in] -> [M, out], in)] for each of `layers` with `name`'s weight format."""
-    out = []
+    out: list[tuple[Callable[[Tensor], Tensor], int]] = []
     for m in layers:
         w, b = m.dense_weight().detach(), None if m.bias is None else m.bias.detach()
+        op: Callable[[Tensor], Tensor]
         if name == "F.linear":
-            out.append(((lambda x, w=w, b=b: F.linear(x, w, b)), m.in_features))
+            op = functools.partial(F.linear, weight=w, bias=b)
         elif name == "onednn-packed":
-            packed = packed_linear._reorder(w)
-            out.append(((lambda x, p=packed, b=b: packed_linear._packed_linear(x, p, b)), m.in_features))
+            op = functools.partial(_packed, packed=packed_linear._reorder(w), bias=b)
         else:
-            out.append((KERNELS[name](w, b), m.in_features))
+            op = KERNELS[name](w, b)
+        out.append((op, m.in_features))
     return out
+
+
+def _packed(x: Tensor, *, packed: Tensor, bias: Tensor | None) -> Tensor:
+    return packed_linear._packed_linear(x, packed, bias)
 
 
 def _self_test(name: str, layer: Linear, tol: float) -> None:
