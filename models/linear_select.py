@@ -47,6 +47,7 @@ CANDIDATES = {"fp32": ("onednn-packed", "F.linear"), "int8": ("int8-dynamic", "i
 SELF_TEST_TOL = {"fp32": 1e-4, "bf16": 0.02, "int8": 0.05}
 ROWS = (4, 192)
 REPEATS = 3
+PRUNE = 2.0  # after the first round, a candidate this many times slower than the best is not rerun
 
 
 @dataclass(frozen=True)
@@ -189,19 +190,26 @@ def measure(ops: dict[str, list[tuple[Callable[[Tensor], Tensor], int]]], *,
     """{kernel: geometric mean over `rows` of its best time over all the shapes} (seconds).
 
     One untimed call of each first (first-call setup), then `repeats` rounds alternating the
-    kernels, so load on a shared machine hits them alike."""
+    kernels, so load on a shared machine hits them alike; a kernel ``PRUNE`` times slower than
+    the best after the first round keeps its first time (the choice does not hinge on it)."""
     gen = torch.Generator().manual_seed(0)
     inputs = {(m, k): torch.randn(m, k, generator=gen) for m in rows for _, k in next(iter(ops.values()))}
     best = {(name, m): math.inf for name in ops for m in rows}
+    def score(name: str) -> float:
+        return math.exp(sum(math.log(max(best[(name, m)], 1e-12)) for m in rows) / len(rows))
+
+    timed = list(ops)
     with torch.inference_mode():
         for name, layer_ops in ops.items():
             for op, k in layer_ops:
                 op(inputs[(rows[0], k)])
         for _ in range(repeats):
             for m in rows:
-                for name, layer_ops in ops.items():
+                for name in timed:
                     t0 = timer()
-                    for op, k in layer_ops:
+                    for op, k in ops[name]:
                         op(inputs[(m, k)])
                     best[(name, m)] = min(best[(name, m)], timer() - t0)
-    return {name: math.exp(sum(math.log(max(best[(name, m)], 1e-12)) for m in rows) / len(rows)) for name in ops}
+            fastest = min(score(name) for name in timed)
+            timed = [name for name in timed if score(name) <= PRUNE * fastest]
+    return {name: score(name) for name in ops}

@@ -85,6 +85,21 @@ def test_the_geometric_mean_weighs_few_rows_and_many_alike():
     assert seconds["a"] == pytest.approx(10.0) and seconds["b"] == pytest.approx(200 ** 0.5)
 
 
+def test_a_far_slower_kernel_is_timed_once():
+    now, calls = [0.0], {"fast": 0, "slow": 0}
+
+    def op(name, cost):
+        def run(x):
+            calls[name] += 1
+            now[0] += cost
+        return run
+
+    ops = {"fast": [(op("fast", 1.0), 8)], "slow": [(op("slow", select.PRUNE * 1.5), 8)]}
+    seconds = select.measure(ops, timer=lambda: now[0], rows=(4,), repeats=3)
+    assert calls == {"fast": 1 + 3, "slow": 1 + 1}  # the untimed first call, then the rounds
+    assert seconds["slow"] == pytest.approx(select.PRUNE * 1.5) and seconds["fast"] == pytest.approx(1.0)
+
+
 def test_forcing_skips_the_measurement(monkeypatch):
     def no_clock() -> float:
         raise AssertionError("measured although forced")
