@@ -21,8 +21,10 @@ from models.runner import load_runner
 CPU = torch.device("cpu")
 # weights -> (least cosine of an embedding to fp32, largest |difference| over the fp32 scale)
 BOUND = {"int8": (0.998, 0.1), "bf16": (0.9997, 0.05)}
-WEIGHTS = [pytest.param(w, marks=pytest.mark.skipif(w == "bf16" and bf16_missing() is not None,
-                                                    reason=str(bf16_missing()))) for w in BOUND]
+# (weights, kernel): both int8 kernels (they quantize the inputs differently; either may be chosen)
+WEIGHTS = [("int8", "int8-dynamic"), ("int8", "int8-rowwise"),
+           pytest.param("bf16", "bf16-packed", marks=pytest.mark.skipif(bf16_missing() is not None,
+                                                                         reason=str(bf16_missing())))]
 
 
 def _batch(vocab: int, seed: int, texts: int = 10) -> tuple[np.ndarray, np.ndarray]:
@@ -58,14 +60,14 @@ def reranker(fixture_root):
     return load_runner(str(path), device="cpu", dtype="float32", prefix_cache_size=0)
 
 
-@pytest.mark.parametrize("weights", WEIGHTS)
-def test_embeddings_stay_near_fp32_in_every_mode_and_through_the_cache(embedder, weights):
+@pytest.mark.parametrize("weights, kernel", WEIGHTS)
+def test_embeddings_stay_near_fp32_in_every_mode_and_through_the_cache(embedder, weights, kernel):
     min_cos, max_rel = BOUND[weights]
-    ids, cu = _batch(embedder.config.vocab_size, seed=len(weights))  # no cache entries of another test
+    ids, cu = _batch(embedder.config.vocab_size, seed=sum(map(ord, kernel)))  # fresh cache entries per kernel
     _use(embedder, "fp32", "F.linear")
     want = _run(embedder, ids, cu, "off")
     scale = want.abs().max().item()
-    _use(embedder, weights)
+    _use(embedder, weights, kernel)
     assert next(m for m in embedder.model.modules() if hasattr(m, "kernel")).kernel is not None
     try:
         outs = {mode: _run(embedder, ids, cu, mode) for mode in ("off", "paper", "compact")}
@@ -81,13 +83,13 @@ def test_embeddings_stay_near_fp32_in_every_mode_and_through_the_cache(embedder,
         assert (got - outs["off"]).abs().max().item() <= max_rel * scale, name
 
 
-@pytest.mark.parametrize("weights", WEIGHTS)
-def test_rerank_scores_stay_near_fp32(reranker, weights):
+@pytest.mark.parametrize("weights, kernel", WEIGHTS)
+def test_rerank_scores_stay_near_fp32(reranker, weights, kernel):
     _, max_rel = BOUND[weights]
     ids, cu = _batch(reranker.config.vocab_size, seed=7)
     _use(reranker, "fp32", "F.linear")
     want = _run(reranker, ids, cu, "off")
-    _use(reranker, weights)
+    _use(reranker, weights, kernel)
     try:
         got = {mode: _run(reranker, ids, cu, mode) for mode in ("off", "compact")}
     finally:
