@@ -60,10 +60,12 @@ def compare(runner: Runner, rows: list[int], *, repeats: int = 7, warmup: int = 
 
 def weights_speed(runner: Runner, weights: list[str], rows: list[int], *, repeats: int = 5,
                   seed: int = 0) -> list[dict]:
-    """[{rows, fp32_ms, <w>_ms, fp32_over_<w>}]: one sequence of each length, alternating precisions.
+    """[{rows, fp32_ms, <w>_ms, fp32_over_<w>, fp32_over_<w>_wall}]: one sequence of each length,
+    alternating precisions.
 
-    Milliseconds of this process's CPU time (all its threads): on a shared machine steadier than
-    wall time, which waits for other processes too."""
+    Milliseconds of this process's CPU time (all its threads): at one thread steadier than wall
+    time on a shared machine, which waits for other processes too; at several threads it counts
+    OpenMP's spinning workers, so the wall-time ratio is given beside it."""
     from models.linear_select import choose_linears
 
     rng = np.random.default_rng(seed)
@@ -76,19 +78,22 @@ def weights_speed(runner: Runner, weights: list[str], rows: list[int], *, repeat
         ids = rng.integers(0, runner.config.vocab_size, n).astype(np.int32)
         fb = build_forward_batch(ids, np.asarray([0, n], np.int32), None, mode="off")
         times: dict[str, list[float]] = {w: [] for w in names}
+        walls: dict[str, list[float]] = {w: [] for w in names}
         for k in range(1 + repeats):
             for w in names:
                 choose_linears(runner.model, device=runner.device, dtype=runner.dtype, weights=w, force=picks[w])
                 with torch.inference_mode():
-                    t0 = time.process_time()
+                    t0, w0 = time.process_time(), time.perf_counter()
                     runner.forward(fb)
-                    dt = (time.process_time() - t0) * 1e3
+                    dt, dw = time.process_time() - t0, time.perf_counter() - w0
                 if k:
-                    times[w].append(dt)
+                    times[w].append(dt * 1e3)
+                    walls[w].append(dw)
         row: dict = {"rows": n}
         for w in names:
             row[f"{w}_ms"] = statistics.median(times[w])
             row[f"fp32_over_{w}"] = row["fp32_ms"] / row[f"{w}_ms"]
+            row[f"fp32_over_{w}_wall"] = statistics.median(walls["fp32"]) / statistics.median(walls[w])
         out.append(row)
     choose_linears(runner.model, device=runner.device, dtype=runner.dtype, weights="fp32", force=picks["fp32"])
     return out
@@ -164,10 +169,12 @@ def _weights_main(runner: Runner, args, model_dir: str) -> int:
     print(f"# fp32 vs {' '.join(weights)} weights, {model_dir}, cpu float32, {torch.get_num_threads()} threads, "
           f"median of {args.repeats} (CPU ms of the process), alternating")
     rows = weights_speed(runner, weights, args.rows, repeats=args.repeats)
-    print(" ".join([f"{'rows':>6}", f"{'fp32_ms':>9}"] + [f"{w + '_ms':>9} {'fp32/' + w:>10}" for w in weights]))
+    print(" ".join([f"{'rows':>6}", f"{'fp32_ms':>9}"] + [f"{w + '_ms':>9} {'fp32/' + w:>10} {'wall':>6}"
+                                                            for w in weights]))
     for r in rows:
         print(" ".join([f"{r['rows']:>6}", f"{r['fp32_ms']:>9.1f}"]
-                       + [f"{r[w + '_ms']:>9.1f} {r['fp32_over_' + w]:>10.2f}" for w in weights]))
+                       + [f"{r[w + '_ms']:>9.1f} {r['fp32_over_' + w]:>10.2f} {r['fp32_over_' + w + '_wall']:>6.2f}"
+                          for w in weights]))
     reranker = None
     if args.model_dir is None:
         from models import fixtures

@@ -111,3 +111,12 @@ def test_the_server_frees_the_dense_weights_and_reports_the_choice(fixture_root)
         grad_path = runner.forward(runner.prepare(ids, cu).forward)
     fast = _run(runner, ids, cu, "off")
     assert (grad_path.detach().double() - fast).abs().max().item() <= 0.1 * fast.abs().max().item()
+
+
+def test_the_benchmark_compares_the_precisions(tiny_embedding_dir, capsys):
+    from benchmarks import bench_linear
+
+    assert bench_linear.main(["--model-dir", str(tiny_embedding_dir), "--weights", "int8", "--rows", "1", "5",
+                              "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "fp32/int8" in out and "embed int8 vs fp32" in out and "min cos" in out
