@@ -3,6 +3,7 @@ reduced-precision weights (--cpu-weights int8, bf16) against fp32: speed and acc
 
     python -m benchmarks.bench_linear --preset qwen3-0.6b --layers 2 --rows 1 6 26 137 512 2048
     python -m benchmarks.bench_linear --preset qwen3-0.6b --layers 2 --weights int8 bf16 --rows 1 26 512 2048
+    python -m benchmarks.bench_linear --preset qwen3-0.6b --layers 2 --threads 1 --profile
 
 With --weights: each round runs the batch with every precision's kernel (chosen as the server
 chooses it, models/linear_select.py) in turn; then the accuracy against fp32 of embeddings
@@ -131,6 +132,28 @@ def accuracy(runner: Runner, weights: str, *, texts: int = 16, seed: int = 0) ->
     return out
 
 
+def profile_off(runner: Runner, *, items: int = 32, prefix: int = 30, seed: int = 0, top: int = 8) -> list[tuple]:
+    """[(op, self ms, share, calls)]: torch.profiler over one radix-off batch of `items` texts that
+    share a `prefix`-token instruction (10-60 own tokens each), after one untimed run."""
+    from torch.profiler import ProfilerActivity, profile
+
+    rng = np.random.default_rng(seed)
+    head = rng.integers(0, runner.config.vocab_size, prefix)
+    seqs = [np.concatenate([head, rng.integers(0, runner.config.vocab_size, int(rng.integers(10, 60)))])
+            for _ in range(items)]
+    ids = np.concatenate(seqs).astype(np.int32)
+    cu = np.concatenate([[0], np.cumsum([len(s) for s in seqs])]).astype(np.int32)
+    import dataclasses
+
+    off = dataclasses.replace(runner, radix_mlp_threshold=0.0)  # no trie: every row computed
+    off.run(off.prepare(ids, cu))
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        off.run(off.prepare(ids, cu))
+    events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    return [(e.key, e.self_cpu_time_total / 1e3, e.self_cpu_time_total / total, e.count) for e in events[:top]]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_linear", description=__doc__.split("\n")[0])
     p.add_argument("--model-dir", help="a checkpoint directory (default: the --preset fixture)")
@@ -140,6 +163,8 @@ def main(argv=None) -> int:
     p.add_argument("--rows", type=int, nargs="+", default=[1, 6, 26, 137, 512, 2048])
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--profile", action="store_true",
+                   help="profile one radix-off batch of 32 texts sharing an instruction: the top ops' share")
     p.add_argument("--weights", nargs="*", choices=("int8", "bf16"), default=None,
                    help="compare these --cpu-weights precisions against fp32 (speed and accuracy)")
     args = p.parse_args(argv)
@@ -153,6 +178,11 @@ def main(argv=None) -> int:
     runner = load_runner(model_dir, device="cpu", dtype="float32", prefix_cache_size=0)
     if args.weights:
         return _weights_main(runner, args, model_dir)
+    if args.profile:
+        print(f"# one radix-off batch, {model_dir}, {torch.get_num_threads()} threads, linears: {runner.linear}")
+        for op, ms, share, calls in profile_off(runner):
+            print(f"{op:55s} {ms:9.1f} ms {100 * share:5.1f}% {calls:5d} calls")
+        return 0
     print(f"# packed (oneDNN) vs plain (F.linear) linears, {model_dir}, cpu float32, "
           f"{torch.get_num_threads()} threads, median of {args.repeats}, alternating")
     print(f"{'rows':>6} {'packed_ms':>10} {'plain_ms':>9} {'plain/packed':>13} {'max|d|':>8}")
