@@ -120,3 +120,11 @@ def test_the_benchmark_compares_the_precisions(tiny_embedding_dir, capsys):
                               "--repeats", "1"]) == 0
     out = capsys.readouterr().out
     assert "fp32/int8" in out and "embed int8 vs fp32" in out and "min cos" in out
+
+
+def test_the_profile_names_the_linears(tiny_embedding_dir, capsys):
+    from benchmarks import bench_linear
+
+    assert bench_linear.main(["--model-dir", str(tiny_embedding_dir), "--profile"]) == 0
+    out = capsys.readouterr().out
+    assert "linears: onednn-packed" in out and "_linear_pointwise" in out
