@@ -16,6 +16,10 @@ Contract:
   the rare other path (autograd recording, another shape or dtype) runs ``F.linear`` on the
   weight rebuilt from the packed copy (exact: a reorder is a permutation). ``--cpu-packed-weights
   false`` at the server keeps plain ``F.linear`` (docs/operations.md).
+- A ``Linear`` given a reduced-precision ``kernel`` (models/linear_quant.py: int8 or bf16
+  weights, chosen and measured at load by models/linear_select.py) runs it instead, under the
+  same conditions; once the dense weight is dropped, ``dense_weight`` is the one the kernel
+  computes with (int8: dequantized).
 - ``pack_linears`` runs only on the CPU in float32, and only after a self-test of the op on the
   model's first layer against ``F.linear``; any error or mismatch leaves every layer on
   ``F.linear`` and returns the reason (the runner logs it at WARNING), never a silent slow path.
@@ -26,6 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from models.linear_quant import KERNELS, Kernel
+
 SELF_TEST_ROWS = 5
 SELF_TEST_TOL = 1e-4  # relative to the output's scale; fp32 summation order differs by ~1e-6
 
@@ -34,21 +40,27 @@ class Linear(nn.Linear):
     """nn.Linear that uses a oneDNN-reordered weight for CPU fp32 inference once packed."""
 
     packed: Tensor | None = None
+    kernel: Kernel | None = None  # a reduced-precision weight and its op (models.linear_quant)
 
     @property
     def dense_dropped(self) -> bool:
-        """The weight is an empty placeholder: the packed copy is the only one."""
-        return self.packed is not None and self.weight.numel() == 0
+        """The weight is an empty placeholder: the packed copy (or the kernel's) is the only one."""
+        return (self.packed is not None or self.kernel is not None) and self.weight.numel() == 0
 
     def forward(self, x: Tensor) -> Tensor:
-        packed = self.packed
-        if packed is None or torch.is_grad_enabled() or x.dim() != 2 or x.shape[0] == 0 \
-                or x.dtype != torch.float32 or x.device.type != "cpu":
+        packed, kernel = self.packed, self.kernel
+        if (packed is None and kernel is None) or torch.is_grad_enabled() or x.dim() != 2 \
+                or x.shape[0] == 0 or x.dtype != torch.float32 or x.device.type != "cpu":
             return F.linear(x, self.dense_weight(), self.bias)
+        if kernel is not None:
+            return kernel(x.contiguous())
+        assert packed is not None
         return _packed_linear(x.contiguous(), packed, self.bias)
 
     def dense_weight(self) -> Tensor:
-        """[out, in]: the weight itself, or rebuilt from the packed copy once it was dropped."""
+        """[out, in]: the weight itself, or rebuilt from the packed (or kernel's) copy once dropped."""
+        if self.dense_dropped and self.kernel is not None:
+            return self.kernel.dense()  # NOTE: int8: the dequantized weight the kernel computes with
         if self.dense_dropped and self.packed is not None:  # dropped only after packing
             return self.packed.to_dense()
         return self.weight
@@ -97,6 +109,29 @@ def unpack_linears(model: nn.Module) -> None:
             if m.dense_dropped:
                 m.weight = nn.Parameter(m.packed.to_dense(), requires_grad=False)
             m.packed = None
+
+
+def set_kernels(model: nn.Module, name: str, *, keep_dense: bool = True) -> None:
+    """Give every ``Linear`` of `model` a `name` kernel (models.linear_quant.KERNELS) built from
+    its float32 weight, one layer at a time; keep_dense=False frees each dense weight after."""
+    make = KERNELS[name]
+    for m in model.modules():
+        if isinstance(m, Linear):
+            weight = m.dense_weight()
+            m.packed = None
+            m.kernel = make(weight, m.bias)
+            if not keep_dense and m.weight.numel():
+                m.weight = nn.Parameter(torch.empty(0, dtype=weight.dtype, device=weight.device),
+                                        requires_grad=False)
+
+
+def clear_kernels(model: nn.Module) -> None:
+    """Drop every reduced-precision kernel; a dropped dense weight comes back dequantized."""
+    for m in model.modules():
+        if isinstance(m, Linear) and m.kernel is not None:
+            if m.weight.numel() == 0:
+                m.weight = nn.Parameter(m.kernel.dense(), requires_grad=False)
+            m.kernel = None
 
 
 def _self_test(layer: Linear) -> None:

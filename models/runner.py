@@ -22,13 +22,14 @@ from models.attention import to_device
 from models.batch import ForwardBatch, build_forward_batch
 from models.checkpoint_dir import detect_kind, detect_pooling, read_prompts, token_id
 from models.config import ModelConfig
+from models.linear_select import choose_linears
 from models.loader import (default_device, describe_memory, load_weights, memory_report, parse_dtype,
                            resolve_model_dir)
 from models.options import KINDS, POOLINGS, RADIX_ATTENTION, check_radix_mlp_threshold, use_index
 from models.pooling import classify_logits, pool, rerank_logits, token_states
 from models.prefix_cache import DEFAULT_SIZE, PrefixCache, cache_refusal, capacity_tokens
 from models.prefix_setup import head_pooling, start_prefix_cache
-from models.runner_setup import cpu_attention_kernel, pack, select_paths
+from models.runner_setup import cpu_attention_kernel, select_paths
 from models.layers import AttentionOps
 from models.protocol import ScoringModel
 from models import streams
@@ -98,7 +99,8 @@ class Runner:
     tree_attention: str = "auto"
     tree_path: TreeBackend | None = None
     tree_rejected: dict[str, str] = field(default_factory=dict)
-    linear: str = "F.linear"  # "onednn-packed" when models.linear packed the weights
+    linear: str = "F.linear"  # the CPU linear kernel chosen at load (models.linear_select)
+    linear_choice: str = ""  # cpu_weights and why that kernel: "int8: int8-dynamic (1.31x ...)"
     # the CPU's attention blocks: "flash (why)" or "onednn-tiles ..." (attention_lse.select_cpu_kernel)
     cpu_attention: str = "flash"
     # weights_bytes; on CUDA allocated_bytes and reserved_bytes after load (models.loader.memory_report)
@@ -263,7 +265,7 @@ class Runner:
 def load_runner(model_id: str, *, revision: str | None = None, device=None, dtype=None,
                 radix_attention: str = "compact", pooling: str | None = None,
                 kind: str | None = None, radix_mlp_threshold: float = 0.95,
-                prefix_cache_size: str | int = DEFAULT_SIZE, cpu_packed_weights: bool = True,
+                prefix_cache_size: str | int = DEFAULT_SIZE, cpu_packed_weights: bool = True, cpu_weights: str = "fp32",
                 keep_dense_weights: bool = True, max_batch_tokens: int = 16384,
                 tree_attention: str = "auto") -> Runner:
     """Resolve, load and wire up a model for serving (see docs/architecture.md).
@@ -271,7 +273,8 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     prefix_cache_size: "512MiB", "2GB", "8192tokens", a byte count, "auto" or 0 (off); see
     docs/operations.md, "Prefix cache". cpu_packed_weights: reorder the linear weights for oneDNN
     on a CPU in float32 (models/linear.py); keep_dense_weights=False then frees the dense copies
-    (serving: one copy in memory; gradients no longer reach the linear weights).
+    (serving: one copy in memory; gradients no longer reach the linear weights). cpu_weights:
+    fp32, int8 or bf16 linear weights on a CPU in float32 (models/linear_select.py).
     max_batch_tokens: the largest batch served; a CUDA `auto` cache is sized after a forward of it.
     Nothing is warmed up here: the scheduler's worker thread calls `warm_up` before serving.
     """
@@ -312,7 +315,9 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     model.eval()
     memory = memory_report(model, device)
     log.info("weights loaded: %s", describe_memory(memory))
-    linear = pack(model, device=device, dtype=dtype, wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
+    linear = choose_linears(model, device=device, dtype=dtype, weights=cpu_weights,
+                            packed_wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
+    (log.warning if linear.failed else log.info)("linear layers: %s weights, %s", linear.weights, linear.report)
     cpu_attention = cpu_attention_kernel(cfg, device=device, dtype=dtype, wanted=cpu_packed_weights)
     if cpu_attention and backend.name == "spec-varlen":  # the blocks' kernels do not run at all
         cpu_attention = "spec-varlen (the checkpoint's soft-cap or window; no CPU block kernel)"
@@ -330,7 +335,8 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         hidden_size=cfg.hidden_size, prompts=prompts, default_prompt_name=default_prompt_name,
         yes_id=yes_id, no_id=no_id, head=head, labels=labels, rerank_template=rerank.template,
         rerank_instruction=rerank.instruction, radix_mlp_threshold=radix_mlp_threshold,
-        attention_rejected=dict(backend.rejected), linear=linear, memory=memory,
+        attention_rejected=dict(backend.rejected), linear=linear.kernel, memory=memory,
+        linear_choice=f"{linear.weights}: {linear.report}",
         tree_attention=tree_attention, tree_path=tree_path, tree_rejected=tree_rejected,
         cpu_attention=cpu_attention,
     )

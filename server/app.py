@@ -60,6 +60,7 @@ def load_runner(config: ServerConfig) -> ServedRunner:
         radix_mlp_threshold=config.radix_mlp_threshold,
         prefix_cache_size=config.prefix_cache_size,
         cpu_packed_weights=config.cpu_packed_weights,
+        cpu_weights=config.cpu_weights,
         keep_dense_weights=False,  # serving needs no gradients: one copy of the weights
         max_batch_tokens=config.max_batch_tokens,  # a CUDA `auto` prefix cache is sized after such a batch
         tree_attention=config.tree_attention,

@@ -148,6 +148,9 @@ class ServerConfig:
     cpu_packed_weights: bool = option(
         True, "on a CPU in float32, run linears through oneDNN with weights packed at load "
               "(faster small batches)")
+    cpu_weights: str = option(
+        "fp32", "on a CPU in float32, the linear weights' precision: int8 and bf16 trade accuracy for speed "
+                "(the kernel is measured at load)", choices=("fp32", "int8", "bf16"))
 
     def __post_init__(self) -> None:
         hints = field_types()

@@ -8,6 +8,9 @@ import torch
 
 # Keep CPU tests deterministic and light on a 2-core machine.
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# The CPU linear kernel: the first candidate that passes its self-test, not a timing that may go
+# either way on a busy machine (tests/test_linear_select.py measures with an injected clock).
+os.environ.setdefault("RADIXSERVE_CPU_LINEAR", "first")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -160,6 +160,8 @@ class Info(BaseModel):
     attention_backend_rejected: dict[str, str] = Field(default_factory=dict)
     tree_attention: str = Field("off", description='the policy and the path that runs, e.g. "auto (cpu-flash)"')
     linear: str = "F.linear"  # "onednn-packed": CPU float32 linears on weights packed at load
+    linear_choice: str = Field("", description='the CPU linear weights\' precision and kernel, and what was '
+                               'measured at load, e.g. "int8: int8-dynamic (1.31x int8-rowwise ...)"')
     cpu_attention: str = Field("", description='CPU float32: the kernel of large attention blocks and '
                                'what was measured at load, e.g. "onednn-tiles for large blocks (1.29x '
                                'the flash kernel at 2 threads)"; "" off the CPU')

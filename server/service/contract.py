@@ -32,6 +32,7 @@ class ServedRunner(ModelRunner, Protocol):
     tree_report: str  # the tree-attention policy and the path that runs, e.g. "auto (cpu-flash)"
     kernels: str
     linear: str
+    linear_choice: str  # the CPU linear weights' precision, the kernel and what was measured
     cpu_attention: str  # the CPU's attention kernel and why ("" off the CPU)
     memory: dict[str, int]  # weights_bytes; on CUDA allocated_bytes and reserved_bytes after load
     max_positions: int

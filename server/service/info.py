@@ -2,7 +2,7 @@
 
 /info carries TEI's fields (model_sha, served_model_name, auto_truncate, tokenization_workers, ...)
 plus ours (radix_mlp_threshold, radix_attention, attention_backend and why not the others,
-tree_attention, linear, cpu_attention, batching_policy). Built once per app: nothing in it
+tree_attention, linear, linear_choice, cpu_attention, batching_policy). Built once per app: nothing in it
 changes while the server runs.
 """
 from __future__ import annotations
@@ -70,6 +70,7 @@ def build_info(config: ServerConfig, runner: ServedRunner, *, max_input_length: 
         "attention_backend_rejected": dict(runner.attention_rejected),
         "tree_attention": runner.tree_report,
         "linear": runner.linear,
+        "linear_choice": runner.linear_choice,
         "cpu_attention": runner.cpu_attention,
         "memory": dict(runner.memory),
         "prefix_cache": dict(runner.prefix_cache_report),
@@ -84,7 +85,7 @@ def startup_line(config: ServerConfig, runner: ServedRunner, max_input_length: i
         f"radixserve serving model={config.model_name} ({runner.model_id}) kind={runner.kind} "
         f"device={runner.device} dtype={str(runner.dtype).replace('torch.', '')} "
         f"attention_backend={runner.attention_backend} kernels={runner.kernels} "
-        f"linear={runner.linear} cpu_attention={runner.cpu_attention.split(' ')[0] or '-'} "
+        f"linear={runner.linear} cpu_weights={runner.linear_choice.split(':')[0] or '-'} cpu_attention={runner.cpu_attention.split(' ')[0] or '-'} "
         f"radix_mlp_threshold={config.radix_mlp_threshold} radix_attention={runner.radix_attention} "
         f"batching_policy={config.batching_policy} "
         f"max_input_length={max_input_length} max_batch_tokens={config.max_batch_tokens} "
