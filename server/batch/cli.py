@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--in-flight", type=_positive, default=Options.in_flight, help="lines dispatched at once")
     p.add_argument("--no-progress", action="store_true", help="no progress reports (the summary is still written)")
     p.add_argument("--report", default=None, help="also write the run's summary as JSON to this file")
+    p.add_argument("--ray-actors", type=_positive, default=None,
+                   help="run as a Ray Data pipeline with this many actors, one engine each (needs ray; no resume)")
     g = p.add_argument_group("model and batching (the server's flags)")
     for f in fields(ServerConfig):
         if f.name in MODEL_FLAGS:
@@ -69,6 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from(args: argparse.Namespace) -> ServerConfig:
+    return ServerConfig(model_id=args.model, **config_values(args))
+
+
+def config_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The ServerConfig fields the flags set (model and batching), permits sized for --in-flight."""
     values: dict[str, Any] = {}
     for name in MODEL_FLAGS:
         text = getattr(args, name)
@@ -77,7 +84,7 @@ def config_from(args: argparse.Namespace) -> ServerConfig:
     client = values.get("max_client_batch_size", ServerConfig.max_client_batch_size)
     # Permits never refuse a line: the job bounds what is in flight itself (--in-flight lines).
     values["max_concurrent_requests"] = max(ServerConfig.max_concurrent_requests, args.in_flight * client)
-    return ServerConfig(model_id=args.model, **values)
+    return values
 
 
 def count_lines(path: str) -> int:
@@ -112,10 +119,27 @@ async def run(args: argparse.Namespace, config: ServerConfig, source: IO[bytes],
               resume: Resume, progress: Progress | None, runner: Any = None) -> Totals:
     from server.batch.engine import Engine
 
-    options = Options(window=args.window, grouping=not args.no_grouping, in_flight=args.in_flight,
-                      max_line_bytes=config.payload_limit)
+    options = options_of(args, config)
     async with Engine.build(config, runner) as engine:
         return await Job(engine, writer, options=options, resume=resume, progress=progress).run(source)
+
+
+def options_of(args: argparse.Namespace, config: ServerConfig) -> Options:
+    return Options(window=args.window, grouping=not args.no_grouping, in_flight=args.in_flight,
+                   max_line_bytes=config.payload_limit)
+
+
+def run_on_ray(args: argparse.Namespace, config: ServerConfig) -> int:
+    """--ray-actors: the Ray Data pipeline (server/batch/ray_data.py) on local files."""
+    from server.batch.ray_data import run_ray
+
+    if "-" in (args.input_file, args.output_file):
+        print("radixserve-batch: --ray-actors reads and writes files, not stdin/stdout", file=sys.stderr)
+        return 2
+    done = run_ray(args.input_file, args.output_file, model=args.model, flags=config_values(args),
+                   actors=args.ray_actors, options=options_of(args, config))
+    print(f"batch: done on Ray: {done['lines']} lines ({done['failed']} failed)", file=sys.stderr)
+    return 0 if done["failed"] == 0 else 1
 
 
 def main(argv: list[str] | None = None, *, runner: Any = None) -> int:
@@ -128,6 +152,8 @@ def main(argv: list[str] | None = None, *, runner: Any = None) -> int:
     except ValueError as exc:
         print(f"radixserve-batch: {exc}", file=sys.stderr)
         return 2
+    if args.ray_actors is not None:
+        return run_on_ray(args, config)
     resume = Resume()
     if args.output_file != "-":
         try:

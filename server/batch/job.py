@@ -44,6 +44,7 @@ class Options:
     grouping: bool = True  # False: each window runs in input order (--no-grouping)
     in_flight: int = 64  # lines dispatched at once
     max_line_bytes: int = 2_000_000  # bytes per input line (the server's payload limit)
+    numbered: bool = True  # False: the input is one block of a larger one (error lines carry no line number)
 
 
 @dataclass
@@ -128,7 +129,9 @@ class Job:
 
     async def _window(self, window: list[Line]) -> None:
         requests = [(i, x) for i, x in enumerate(window) if isinstance(x, Request)]
-        answers: list[bytes | None] = [invalid_line(x) if isinstance(x, Invalid) else None for x in window]
+        numbered = self.options.numbered
+        answers: list[bytes | None] = [invalid_line(x, numbered=numbered) if isinstance(x, Invalid) else None
+                                       for x in window]
         reqs = [r for _, r in requests]
         if self.options.grouping and len(reqs) > 1:
             ks = await asyncio.to_thread(grouping.keys, reqs, self.engine.encode_batch)

@@ -109,12 +109,14 @@ def answer_line(request: Request, status: int, request_id: str, body: bytes) -> 
     }) + b"\n"
 
 
-def invalid_line(bad: Invalid) -> bytes:
-    """The output line of a line that is not a request."""
+def invalid_line(bad: Invalid, *, numbered: bool = True) -> bytes:
+    """The output line of a line that is not a request (``numbered``: False where the reader does
+    not know the line's place in the whole input, e.g. one block of a Ray dataset: ``line`` is null)."""
     return orjson.dumps({
         "id": new_id("batch_req"), "custom_id": bad.custom_id,
         "response": {"status_code": 400, "request_id": new_id("batch"), "body": None},
-        "error": {"code": "invalid_request_line", "message": bad.message, "line": bad.line},
+        "error": {"code": "invalid_request_line", "message": bad.message,
+                  "line": bad.line if numbered else None},
     }) + b"\n"
 
 
