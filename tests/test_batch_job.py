@@ -162,3 +162,21 @@ def test_progress_on_a_terminal_and_in_a_log():
     t = Progress(None, stream=term, tty=True, clock=lambda: now[0])
     t.update(Snapshot(done=1, failed=0, tokens=1, ratio=1.0))
     assert term.getvalue().startswith("\r") and "ETA" not in term.getvalue()
+
+
+def test_docs_list_every_flag_of_the_command():
+    import re
+    from pathlib import Path
+
+    from server.batch.cli import MODEL_FLAGS, build_parser
+    from server.config import flag_name
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "batch.md").read_text()
+    section = text.split("\n## Flags\n", 1)[1].split("\n## ", 1)[0]
+    table = {s for row in section.splitlines() if row.startswith("| `")
+             for s in re.findall(r"`(-[^`]+)`", row.split("|")[1])}
+    prose = set(re.findall(r"`(--[a-z-]+)`", section.split("The model and batching flags", 1)[1].split("The job reads", 1)[0]))
+    parser_flags = {s for a in build_parser()._actions for s in a.option_strings} - {"-h", "--help"}
+    model = {flag_name(n) for n in MODEL_FLAGS}
+    assert table == parser_flags - model
+    assert prose == model

@@ -52,7 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-i", "--input-file", required=True, help="input .jsonl, or - for stdin")
     p.add_argument("-o", "--output-file", required=True,
                    help="output .jsonl, or - for stdout; an existing file is resumed (its custom_ids are skipped)")
-    p.add_argument("--model", required=True, help="hub id or local checkpoint directory")
+    p.add_argument("--model", "--model-id", dest="model", required=True,
+                   help="hub id or local checkpoint directory (as radixserve's --model-id)")
     p.add_argument("--window", type=_positive, default=Options.window,
                    help="lines sorted by token prefix and written together (memory bound; a kill loses at most one)")
     p.add_argument("--no-grouping", action="store_true", help="run each window in input order (to compare)")
@@ -111,8 +112,8 @@ def summary(totals: Totals, *, grouping: bool, earlier: Resume) -> dict:
 def summary_line(s: dict) -> str:
     return (f"batch: done: {s['lines']} lines ({s['failed']} failed, {s['skipped']} skipped as already written) "
             f"in {fmt_duration(s['seconds'])}, {s['lines_per_s']} lines/s; grouping {'on' if s['grouping'] else 'off'}; "
-            f"tokens N {s['tokens']}, N' {s['compact_tokens']}, N'/N {s['ratio']:.3f}; computed {s['computed_tokens']} "
-            f"(prefix cache hits {s['prefix_cache_hit_tokens']})")
+            f"tokens N {s['tokens']}, rows computed N' {s['compact_tokens']} (N'/N {s['ratio']:.3f}; prefix-cache hits "
+            f"{s['prefix_cache_hit_tokens']}); x-compute-tokens summed {s['computed_tokens']}")
 
 
 async def run(args: argparse.Namespace, config: ServerConfig, source: IO[bytes], writer: ChunkWriter,

@@ -42,7 +42,7 @@ class LineEngine(Protocol):
 class Options:
     window: int = 4096  # lines sorted and written together
     grouping: bool = True  # False: each window runs in input order (--no-grouping)
-    in_flight: int = 64  # lines dispatched at once
+    in_flight: int = 256  # lines dispatched at once (a few batches: the scheduler always has the next one queued)
     max_line_bytes: int = 2_000_000  # bytes per input line (the server's payload limit)
     numbered: bool = True  # False: the input is one block of a larger one (error lines carry no line number)
 
