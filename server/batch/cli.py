@@ -102,6 +102,7 @@ def summary(totals: Totals, *, grouping: bool, earlier: Resume) -> dict:
     return {
         "lines": totals.lines, "failed": totals.failed, "skipped": totals.skipped,
         "failed_earlier": earlier.failed, "seconds": round(elapsed, 3),
+        "cpu_seconds": round(totals.cpu_seconds, 3),
         "lines_per_s": round(totals.lines / elapsed, 3) if elapsed > 0 else None,
         "grouping": grouping, "tokens": int(totals.original), "compact_tokens": int(totals.compact),
         "ratio": round(totals.ratio(), 4), "computed_tokens": totals.computed,

@@ -57,6 +57,7 @@ class Totals:
     computed: int = 0  # tokens the model computed (x-compute-tokens summed; prefix-cache hits excluded)
     shared_key_tokens: int = 0  # grouping keys' tokens shared with the line run before (see grouping)
     seconds: float = 0.0  # wall time of the run, from its first line read to its last chunk written
+    cpu_seconds: float = 0.0  # CPU time of the whole process (all threads) over the same span
     start: Counters = field(default_factory=lambda: Counters(0.0, 0.0, 0.0))
     end: Counters = field(default_factory=lambda: Counters(0.0, 0.0, 0.0))
 
@@ -92,7 +93,7 @@ class Job:
     async def run(self, source: IO[bytes]) -> Totals:
         t = self.totals
         t.start = t.end = self.engine.counters()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         if self.progress is not None:
             self.progress.begin()
         window: list[Line] = []
@@ -107,7 +108,7 @@ class Job:
         if window:
             await self._window(window)
         t.end = self.engine.counters()
-        t.seconds = time.perf_counter() - t0
+        t.seconds, t.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
         self._report(final=True)
         return t
 
