@@ -56,21 +56,29 @@ class BlockWorker:
 
 
 def run_ray(input_path: str, output_path: str, *, model: str, flags: dict[str, Any] | None = None,
-            actors: int = 2, options: Options = Options(), cpus_per_actor: float = 1.0,
+            actors: int = 2, options: Options = Options(), cpus_per_actor: float | None = None,
             gpus_per_actor: float = 0.0) -> dict[str, int]:
     """Answer ``input_path`` into ``output_path`` on the Ray cluster ``ray.init`` connects to
-    (a local one when none runs); ``flags``: ServerConfig fields (e.g. ``{"device": "cpu"}``)."""
+    (a local one when none runs); ``flags``: ServerConfig fields (e.g. ``{"device": "cpu"}``).
+
+    ``cpus_per_actor`` None: min(1, (the cluster's CPUs - 1) / actors), at least 0.1, so the
+    actors leave one whole CPU to the read tasks that feed them (a read task takes one; if the
+    actors held them all, a 2-core laptop with two actors would wait forever).
+    """
     import ray
     import ray.data
 
     if not ray.is_initialized():
         ray.init()
+    if cpus_per_actor is None:
+        cpus = float(ray.cluster_resources().get("CPU", 1.0))
+        cpus_per_actor = min(1.0, max(0.1, (cpus - 1.0) / actors))
     ctx = ray.data.DataContext.get_current()
     ctx.execution_options.preserve_order = True  # blocks reach the driver in input order
     answers = ray.data.read_text(input_path).map_batches(
         BlockWorker, fn_constructor_kwargs={"model": model, "flags": dict(flags or {}), "options": options},
-        batch_size=options.window, concurrency=actors, num_cpus=cpus_per_actor, num_gpus=gpus_per_actor,
-        batch_format="numpy",
+        batch_size=options.window, compute=ray.data.ActorPoolStrategy(size=actors), num_cpus=cpus_per_actor,
+        num_gpus=gpus_per_actor, batch_format="numpy",
     )
     lines = failed = 0
     writer = ChunkWriter(open(output_path, "wb"), sync=True)
