@@ -176,7 +176,15 @@ def metrics_listener(config: ServerConfig, app) -> list:
         healthy=lambda: service.scheduler.alive and not app.state.lifecycle.draining)]
 
 
+BATCH_COMMANDS = ("batch", "run-batch")  # `radixserve batch ...` (vLLM: `vllm run-batch ...`)
+
+
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] in BATCH_COMMANDS:  # an offline job over the same app: server/batch
+        from server.batch.cli import main as batch_main
+
+        return batch_main(args[1:])
     config, notes = load_config(argv)  # before torch and the model code: a bad flag returns at once
     from server.allocator import apply_image_settings
 

@@ -113,3 +113,14 @@ def test_stdin_to_stdout(tmp_path, tiny_embedding_dir, monkeypatch):
     assert rc == 0
     assert [r["custom_id"] for r in got] == ["l0", "l1", "l2"]
     assert all(r["response"]["body"]["object"] == "list" for r in got)
+
+
+def test_radixserve_batch_subcommand_reaches_the_batch_parser(capsys):
+    # `radixserve batch` and `radixserve run-batch` (vLLM's spelling) are the batch job's own CLI
+    from server import cli
+
+    for word in cli.BATCH_COMMANDS:
+        with pytest.raises(SystemExit) as exc:
+            cli.main([word, "--help"])
+        assert exc.value.code == 0
+        assert "--input-file" in capsys.readouterr().out
