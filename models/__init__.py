@@ -1,7 +1,7 @@
 """Model engine: config, weight loading, the family registry and its families' ragged forwards
 (models/families/), pooling and heads.
 
-`load_runner(...) -> Runner` is the entry point (imported lazily, so `models.fixtures` and
+`load_runner(...) -> Runner` is the entry point (imported lazily, so `fixtures` and
 `models.prompts` stay cheap to import).
 """
 from __future__ import annotations
