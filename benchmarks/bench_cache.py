@@ -145,7 +145,7 @@ def bench(runner: Runner, batches, *, workload: str, threshold: float = 0.95,
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_cache", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="qwen3-0.6b", help="fixture preset (fixtures)")
+    p.add_argument("--preset", default="qwen3-0.6b", help="fixture preset (fixtures.PRESETS)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--fixture-root", default=None)
     p.add_argument("--device", default=None)

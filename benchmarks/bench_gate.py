@@ -49,7 +49,7 @@ def time_pair(runner: Runner, ids, cu, *, warmup: int, repeats: int) -> tuple[fl
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench gate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="tiny-reranker", help="fixture preset (fixtures)")
+    p.add_argument("--preset", default="tiny-reranker", help="fixture preset (fixtures.PRESETS)")
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--kind", default=None, help="embedding or reranker (default: the preset's)")
     p.add_argument("--device", default=None)

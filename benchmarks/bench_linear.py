@@ -157,7 +157,7 @@ def profile_off(runner: Runner, *, items: int = 32, prefix: int = 30, seed: int 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_linear", description=__doc__.split("\n")[0])
     p.add_argument("--model-dir", help="a checkpoint directory (default: the --preset fixture)")
-    p.add_argument("--preset", default="qwen3-0.6b", help="fixture preset (fixtures)")
+    p.add_argument("--preset", default="qwen3-0.6b", help="fixture preset (fixtures.PRESETS)")
     p.add_argument("--layers", type=int, default=2, help="layers of the fixture preset")
     p.add_argument("--fixture-root", default=None)
     p.add_argument("--rows", type=int, nargs="+", default=[1, 6, 26, 137, 512, 2048])

@@ -10,7 +10,7 @@ Invariant: the two paths run the same prepared batches in one process, alternati
 (flat, tree, flat, tree, ...), so a shared machine's load hits both alike; the figures are
 medians of the process's CPU time (time.process_time: on a machine shared with other jobs, wall
 time mostly measures the waiting), nothing is asserted. The model is the Qwen3-0.6B layer shape with `--layers` layers
-(random weights, fixtures): a per-layer ratio, not the 28-layer latency. `long` runs each
+(random weights, fixtures/): a per-layer ratio, not the 28-layer latency. `long` runs each
 case in its own process (peak RSS is per process).
 """
 from __future__ import annotations
