@@ -73,7 +73,6 @@ COPY scheduler ./scheduler
 COPY models ./models
 COPY kernels ./kernels
 COPY loadtest ./loadtest
-COPY benchmarks ./benchmarks
 RUN python -m pip install .
 
 # Build the CUDA extensions for every arch in TORCH_CUDA_ARCH_LIST (no GPU needed to compile).
@@ -109,7 +108,6 @@ COPY scheduler ./scheduler
 COPY models ./models
 COPY kernels ./kernels
 COPY loadtest ./loadtest
-COPY benchmarks ./benchmarks
 RUN python -m pip install . \
     && useradd --create-home --uid 10001 radixserve \
     && mkdir -p /data && chown radixserve:radixserve /data

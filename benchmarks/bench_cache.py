@@ -145,7 +145,7 @@ def bench(runner: Runner, batches, *, workload: str, threshold: float = 0.95,
 def parse_args(argv):
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_cache", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="qwen3-0.6b", help="fixture preset (models.fixtures)")
+    p.add_argument("--preset", default="qwen3-0.6b", help="fixture preset (fixtures.PRESETS)")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--fixture-root", default=None)
     p.add_argument("--device", default=None)
@@ -168,7 +168,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from models import fixtures
+    import fixtures
 
     if args.host:
         from benchmarks.bench_cache_host import host_main

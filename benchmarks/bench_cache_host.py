@@ -160,7 +160,7 @@ def pipeline_cost(runner, batches, *, capacity: int, concurrency: int = 4) -> di
 
 def host_main(args) -> int:
     from benchmarks.bench_cache import workload_batches
-    from models import fixtures
+    import fixtures
     from models.runner import load_runner
 
     print(f"# prefix cache host cost: {args.host_batches} batches per load, pool {args.host_capacity} "

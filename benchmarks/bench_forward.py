@@ -161,7 +161,7 @@ def parse_args(argv):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--model-dir", help="a checkpoint directory (or hub id)")
-    src.add_argument("--preset", default="qwen3-0.6b", help="fixture preset (models.fixtures)")
+    src.add_argument("--preset", default="qwen3-0.6b", help="fixture preset (fixtures.PRESETS)")
     p.add_argument("--layers", type=int, default=None, help="layers of the fixture preset")
     p.add_argument("--fixture-root", default=None, help="where fixtures are cached")
     p.add_argument("--device", default=None)
@@ -192,7 +192,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     model_dir = args.model_dir
     if model_dir is None:
-        from models import fixtures
+        import fixtures
 
         model_dir = str(fixtures.cached(args.preset, layers=args.layers, root=args.fixture_root))
     runner = load_runner(model_dir, device=args.device, dtype=args.dtype)

@@ -112,7 +112,7 @@ def switch_interval(*, preset: str = "qwen3-0.6b", layers: int = 2, intervals=(0
     switch interval; variants interleave round by round."""
 
     import models
-    from models import fixtures
+    import fixtures
     from server.http.bodies import parse_bytes
     from server.routes.schemas import EmbedRequest
 
@@ -181,7 +181,8 @@ def hops(*, preset: str = "tiny-embedding", layers: int | None = None, reps: int
 
 
     import models
-    from models import fixtures, prompts
+    import fixtures
+    from models import prompts
     from scheduler import Scheduler
     from server.http.bodies import parse_bytes
     from server.routes.schemas import EmbedRequest

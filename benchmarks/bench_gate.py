@@ -49,7 +49,7 @@ def time_pair(runner: Runner, ids, cu, *, warmup: int, repeats: int) -> tuple[fl
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench gate", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--preset", default="tiny-reranker", help="fixture preset (models.fixtures)")
+    p.add_argument("--preset", default="tiny-reranker", help="fixture preset (fixtures.PRESETS)")
     p.add_argument("--layers", type=int, default=None)
     p.add_argument("--kind", default=None, help="embedding or reranker (default: the preset's)")
     p.add_argument("--device", default=None)
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    from models import fixtures
+    import fixtures
 
     model_dir = fixtures.cached(args.preset, layers=args.layers, kind=args.kind)
     runner = load_runner(str(model_dir), device=args.device, dtype=args.dtype, prefix_cache_size="0")

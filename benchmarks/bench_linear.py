@@ -157,7 +157,7 @@ def profile_off(runner: Runner, *, items: int = 32, prefix: int = 30, seed: int 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.bench_linear", description=__doc__.split("\n")[0])
     p.add_argument("--model-dir", help="a checkpoint directory (default: the --preset fixture)")
-    p.add_argument("--preset", default="qwen3-0.6b", help="fixture preset (models.fixtures)")
+    p.add_argument("--preset", default="qwen3-0.6b", help="fixture preset (fixtures.PRESETS)")
     p.add_argument("--layers", type=int, default=2, help="layers of the fixture preset")
     p.add_argument("--fixture-root", default=None)
     p.add_argument("--rows", type=int, nargs="+", default=[1, 6, 26, 137, 512, 2048])
@@ -172,7 +172,7 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     model_dir = args.model_dir
     if model_dir is None:
-        from models import fixtures
+        import fixtures
 
         model_dir = str(fixtures.cached(args.preset, layers=args.layers, root=args.fixture_root))
     runner = load_runner(model_dir, device="cpu", dtype="float32", prefix_cache_size=0)
@@ -207,7 +207,7 @@ def _weights_main(runner: Runner, args, model_dir: str) -> int:
                           for w in weights]))
     reranker = None
     if args.model_dir is None:
-        from models import fixtures
+        import fixtures
 
         rdir = fixtures.cached(args.preset, layers=args.layers, kind="reranker", root=args.fixture_root)
         reranker = load_runner(str(rdir), device="cpu", dtype="float32", prefix_cache_size=0)

@@ -26,7 +26,7 @@ CHILD = r'''
 import json, statistics, sys, time
 import numpy as np
 import models
-from models import fixtures
+import fixtures
 out = {}
 for preset, n_in, reps in json.loads(sys.argv[1]):
     path = fixtures.cached(preset, layers=None if preset == "tiny-embedding" else 2, kind="embedding")

@@ -37,7 +37,8 @@ def bench(preset: str = "tiny-embedding", *, layers: int | None = None, threads:
 
     import models
     import models.attention as attention
-    from models import fixtures, prompts
+    import fixtures
+    from models import prompts
 
     torch.set_num_threads(threads)
     base = models.load_runner(str(fixtures.cached(preset, layers=layers)), device="cpu", dtype="float32", prefix_cache_size=0)

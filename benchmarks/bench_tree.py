@@ -10,7 +10,7 @@ Invariant: the two paths run the same prepared batches in one process, alternati
 (flat, tree, flat, tree, ...), so a shared machine's load hits both alike; the figures are
 medians of the process's CPU time (time.process_time: on a machine shared with other jobs, wall
 time mostly measures the waiting), nothing is asserted. The model is the Qwen3-0.6B layer shape with `--layers` layers
-(random weights, models.fixtures): a per-layer ratio, not the 28-layer latency. `long` runs each
+(random weights, fixtures/): a per-layer ratio, not the 28-layer latency. `long` runs each
 case in its own process (peak RSS is per process).
 """
 from __future__ import annotations
@@ -91,7 +91,7 @@ def attention_alone(runners: dict[str, Runner], seqs, rounds: int) -> dict[str, 
 
 
 def _pair(model: str, layers: int, kind: str | None = None) -> dict[str, Runner]:
-    from models import fixtures
+    import fixtures
     from models.runner import load_runner
 
     path = fixtures.cached(model, layers=layers, kind=kind)
@@ -185,7 +185,7 @@ def _reset_peak_rss() -> int:
 def _long_case(size: str, tree: str, layers: int) -> None:
     """One process: a 20-token instruction cached, then a 16,384-token input that shares it.
     tree "-": the code under test has no tree attention (an older checkout, --models-root)."""
-    from models import fixtures
+    import fixtures
     from models.runner import load_runner
 
     extra: dict[str, Any] = {} if tree == "-" else {"tree_attention": tree}

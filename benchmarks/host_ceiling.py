@@ -146,7 +146,7 @@ class Server:
     """One child server: ``stats()`` asks it for its CPU clocks."""
 
     def __init__(self, preset: str, cache: str, port: int, extra: list[str], *, log: bool = False) -> None:
-        from models import fixtures
+        import fixtures
 
         model = str(fixtures.cached(preset))
         self.name, self.url = f"{preset} cache={cache}", f"http://127.0.0.1:{port}"

@@ -10,7 +10,9 @@ from __future__ import annotations
 import importlib
 from dataclasses import dataclass
 
-EXTRA = 'pip install -e ".[loadtest]"'  # the project's `loadtest` extra: matplotlib, pyarrow
+from loadtest.compare import BASELINE
+
+EXTRA = 'pip install -e ".[loadtest]"'  # the project's `loadtest` extra: matplotlib, pyarrow, transformers
 
 
 @dataclass(frozen=True)
@@ -28,9 +30,16 @@ def needs(a) -> list[Need]:
     path = getattr(a, "dataset_path", None)
     if getattr(a, "source", None) in ("auto", "file") and path and str(path).lower().endswith(".parquet"):
         out.append(Need("pyarrow", f"reading {path}", EXTRA))
+    if a.cmd == "compare" and (a.baseline or any(_starts_baseline(s) for s in a.server)):
+        out.append(Need("transformers", "the transformers peer (@baseline)", EXTRA))
     if getattr(a, "source", None) == "hf":
         out.append(Need("datasets", "--source hf (MS MARCO from the hub)", "pip install datasets"))
     return out
+
+
+def _starts_baseline(spec: str) -> bool:
+    """`NAME[@PORTS]:@baseline [FLAGS]` (compare.parse_server's peer spec)."""
+    return spec.partition(":")[2].split()[:1] == [BASELINE]
 
 
 def missing(a) -> list[Need]:

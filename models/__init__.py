@@ -1,8 +1,8 @@
 """Model engine: config, weight loading, the family registry and its families' ragged forwards
 (models/families/), pooling and heads.
 
-`load_runner(...) -> Runner` is the entry point (imported lazily, so `models.fixtures` and
-`models.prompts` stay cheap to import).
+`load_runner(...) -> Runner` is the entry point (imported lazily, so `models.prompts` stays cheap
+to import, for the repository's fixture builder among others).
 """
 from __future__ import annotations
 

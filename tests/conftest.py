@@ -33,14 +33,14 @@ def fixture_root(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_embedding_dir(fixture_root):
-    from models import fixtures
+    import fixtures
 
     return fixtures.cached("tiny-embedding", root=fixture_root)
 
 
 @pytest.fixture(scope="session")
 def tiny_reranker_dir(fixture_root):
-    from models import fixtures
+    import fixtures
 
     return fixtures.cached("tiny-reranker", root=fixture_root)
 
@@ -60,6 +60,6 @@ def reranker_oracle(tiny_reranker_dir):
 
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(fixture_root):
-    from models import fixtures
+    import fixtures
 
     return fixtures.cached("tiny-qwen2", root=fixture_root)

@@ -39,7 +39,7 @@ def main() -> None:
     (``python -m tests.limits``; the figures docs/operations.md quotes)."""
     import httpx
 
-    from models import fixtures
+    import fixtures
     from tests.serving import ServerThread, serve
 
     def server(preset: str) -> ServerThread:

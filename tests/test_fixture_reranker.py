@@ -9,9 +9,10 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from models import fixtures, prompts
-from models.fixtures import rerank_head
-from models.fixtures.__main__ import main as fixtures_cli
+import fixtures
+from models import prompts
+from fixtures import rerank_head
+from fixtures.__main__ import main as fixtures_cli
 
 
 def test_cli_is_idempotent_for_the_same_fixture(tmp_path, capsys):

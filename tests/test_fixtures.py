@@ -1,4 +1,4 @@
-"""models.fixtures: hub layout, config, key names, transformers loading, tokenizer vs tiktoken."""
+"""fixtures: hub layout, config, key names, transformers loading, tokenizer vs tiktoken."""
 from __future__ import annotations
 
 import functools
@@ -11,10 +11,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file
 
-from models import fixtures
-from models.fixtures import weights
-from models.fixtures.__main__ import main as fixtures_cli
-from models.fixtures.tokenizer import QWEN3_SPECIAL_TOKENS, tiktoken_path
+import fixtures
+from fixtures import weights
+from fixtures.__main__ import main as fixtures_cli
+from fixtures.tokenizer import QWEN3_SPECIAL_TOKENS, tiktoken_path
 
 CORPUS = [
     "Hello world",
@@ -325,7 +325,7 @@ def test_cache_key_separates_variants(monkeypatch):
         fixtures.cache_key("tiny-embedding", dtype="bfloat16"),
     }
     assert len(keys) == 6 and all(fixtures.FIXTURE_VERSION in k for k in keys)
-    monkeypatch.setattr("models.fixtures.checkpoint.FIXTURE_VERSION", "fx-other")
+    monkeypatch.setattr("fixtures.checkpoint.FIXTURE_VERSION", "fx-other")
     assert fixtures.cache_key("tiny-embedding") not in keys
     monkeypatch.setenv("RADIXSERVE_FIXTURE_DIR", "/some/where")
     assert fixtures.default_root() == Path("/some/where")

@@ -134,7 +134,7 @@ def _rel(a, b):
 
 @pytest.fixture(scope="module")
 def gpu_fixture_dirs(fixture_root):
-    from models import fixtures
+    import fixtures
 
     try:
         return {kind: fixtures.cached(f"tiny-{kind}", root=fixture_root)

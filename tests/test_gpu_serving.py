@@ -81,14 +81,14 @@ os._exit(70 if isinstance(fault, DeviceFault) else 1)
 
 @pytest.fixture(scope="module")
 def tiny_dir(fixture_root):
-    from models import fixtures
+    import fixtures
 
     return fixtures.cached("tiny-embedding", root=fixture_root)
 
 
 @pytest.fixture(scope="module")
 def qwen06_dir(fixture_root):
-    from models import fixtures
+    import fixtures
 
     return fixtures.cached("qwen3-0.6b", root=fixture_root)
 

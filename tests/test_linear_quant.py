@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from models import fixtures
+import fixtures
 from models.linear_quant import bf16_missing
 from models.linear_select import choose_linears
 from models.runner import load_runner

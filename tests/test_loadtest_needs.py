@@ -82,6 +82,9 @@ def test_parquet_without_pyarrow_fails_before_the_target_is_probed(tmp_path, mon
     (["dataset", "--source", "hf", "--out", "x.jsonl"], ["datasets"]),
     (["dataset", "--out", "x.jsonl"], []),  # auto falls back to synthetic without `datasets`
     (["soak", "--target", "http://x", "--duration", "1", "--out", "o"], []),
+    (["compare", "--baseline"], ["transformers"]),  # the transformers peer
+    (["compare", "--server", "peer@9000:@baseline --x", "--server", "r: --radix-mlp-threshold 0"], ["transformers"]),
+    (["compare", "--server", "r: --radix-mlp-threshold 0"], []),
 ])
 def test_needs_follow_the_arguments(argv, want):
     a = cli.build_parser().parse_args(argv)

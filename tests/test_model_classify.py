@@ -44,7 +44,7 @@ def _pack(seqs):
 def loaded(request, fixture_root):
     import transformers
 
-    from models import fixtures
+    import fixtures
 
     d = fixtures.cached(request.param, root=fixture_root)
     hf_cls = getattr(transformers, ORACLE_CLASS[request.param.split("-")[1]])
@@ -75,7 +75,7 @@ def test_score_heads_match_transformers_in_every_mode(loaded, cache):
 
 
 def test_kinds_of_a_score_head(fixture_root):
-    from models import fixtures
+    import fixtures
 
     one = fixtures.cached("tiny-qwen3-seq-cls", root=fixture_root)
     three = fixtures.cached("tiny-qwen3-seq-cls-3", root=fixture_root)

@@ -40,7 +40,7 @@ def _pack(seqs):
 def case(request, fixture_root):
     import transformers
 
-    from models import fixtures
+    import fixtures
 
     preset, kind = request.param
     d = fixtures.cached(preset, kind=kind, root=fixture_root)

