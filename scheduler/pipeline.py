@@ -54,6 +54,7 @@ _STOP = object()  # sentinel on the hand-off queue: no more batches
 Resolve = Callable[[list[tuple[Entry, Any, BaseException | None]]], None]
 _POLL_S = 0.05  # how often blocked threads look at the dead flag
 IN_FLIGHT = 2  # batches launched and not yet settled: the one computing and the one queued behind it
+SETTLE_ON_DEATH_S = 10.0  # at most this long for launched batches to be delivered when a thread dies
 
 
 def _pending(out: Any) -> bool:
@@ -157,7 +158,15 @@ class Pipeline:
         except BaseException as exc:  # noqa: BLE001 - any escape means the pipeline is gone
             log.critical("scheduler thread %s died", threading.current_thread().name, exc_info=exc)
             self._dead.set()
+            self._settle_launched()
             self._on_death(exc)
+
+    def _settle_launched(self) -> None:
+        """Batches that ran before a death still reach their clients: the settling thread delivers
+        what it holds (it exits once its queue is empty) before every pending request fails."""
+        t = self._settler.thread
+        if t is not None and t is not threading.current_thread():
+            t.join(SETTLE_ON_DEATH_S)
 
     # -- prep thread: form -> prepare -> hand over ----------------------------------------------
     def _prep_loop(self) -> None:

@@ -38,11 +38,17 @@ class Settler:
         self._finish, self._fail, self._supervise, self._dead, self._poll_s = finish, fail, supervise, dead, poll_s
         self._queue: queue.Queue[Any] = queue.Queue()  # (batch, PendingOutput) or _STOP
         self.thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
 
     def submit(self, batch: Any, pending: PendingOutput) -> None:
         if self.thread is None:
-            self.thread = threading.Thread(target=self._supervise, args=(self._loop,), name="rs-settle", daemon=True)
-            self.thread.start()
+            with self._start_lock:
+                if self.thread is None:
+                    t = threading.Thread(target=self._supervise, args=(self._loop,), name="rs-settle", daemon=True)
+                    t.start()
+                    # NOTE: published only once started: `Pipeline.alive` reads a thread that is
+                    # not yet running as dead, and would turn requests away with 503 meanwhile.
+                    self.thread = t
         self._queue.put((batch, pending))
 
     def stop(self) -> None:
