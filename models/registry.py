@@ -15,12 +15,15 @@ Heads, from the architecture's suffix (the class transformers would build):
 from __future__ import annotations
 
 import importlib
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from models.attention_spec import AttentionSpec
     from models.protocol import RerankSpec, ScoringModel
+
+log = logging.getLogger(__name__)
 
 # model_type -> family module under models/families/ (importing torch is left to the caller)
 FAMILIES: dict[str, str] = {
@@ -115,6 +118,12 @@ def family_spec(entry: Entry, cfg: Any) -> "AttentionSpec":
     return module.attention_spec(cfg)
 
 
-def family_rerank(entry: Entry) -> "RerankSpec":
-    """The family's yes/no reranker spec (its module's RERANK): template, words, instruction."""
-    return importlib.import_module(f"models.families.{entry.family}").RERANK
+def family_rerank(entry: Entry, *, log_choice: bool = False) -> "RerankSpec":
+    """The family's yes/no reranker spec (its module's RERANK): template, words, instruction.
+    ``log_choice``: say which template and score the loaded reranker uses (start-up log)."""
+    spec: "RerankSpec" = importlib.import_module(f"models.families.{entry.family}").RERANK
+    if log_choice:
+        score = f"logit({spec.yes!r})" + (f" - logit({spec.no!r})" if spec.no else " alone")
+        log.info("reranker template %s for %s (family %s): score %s", spec.template,
+                 entry.architecture or "(base model)", entry.family, score)
+    return spec
