@@ -8,7 +8,8 @@ head ignored). Adding a family is one row in FAMILIES (and its module under mode
 Heads, from the architecture's suffix (the class transformers would build):
 - "Model" (or no `architectures`): the base model; serves embeddings.
 - "ForCausalLM": the language model; serves embeddings (sentence-transformers checkpoints such as
-  Qwen3-Embedding name this class too) or a yes/no reranker (the lm_head's two rows).
+  Qwen3-Embedding name this class too) or a yes/no reranker (the lm_head's "yes" and "no" rows,
+  or "Yes" alone: the family's RerankSpec decides, see family_rerank).
 - "ForSequenceClassification": a `score` head [labels, E] on the last token; one label serves a
   reranker (the seq-cls conversions of Qwen3-Reranker) or a reward model, more a classifier.
 """
