@@ -126,6 +126,12 @@ def test_rerank_over_http(case):
             assert r.status_code == 200, r.text
             expect = {i: float(w) if raw else 1 / (1 + math.exp(-float(w))) for i, w in enumerate(want)}
             assert {x["index"]: x["score"] for x in r.json()} == pytest.approx(expect, abs=TOL)
+        raw = httpx.post(srv.url + "/score", json={"text_1": QUERY, "text_2": DOCS, "use_activation": False},
+                         timeout=60).json()  # vLLM's dialect, the same pairs
+        assert [x["score"] for x in raw["data"]] == pytest.approx([float(w) for w in want], abs=TOL)
+        cohere = httpx.post(srv.url + "/v1/rerank", json={"query": QUERY, "documents": DOCS}, timeout=60).json()
+        assert {x["index"]: x["relevance_score"] for x in cohere["results"]} == pytest.approx(
+            {i: 1 / (1 + math.exp(-float(w))) for i, w in enumerate(want)}, abs=TOL)
         info = httpx.get(srv.url + "/info", timeout=60).json()
         assert info["model_type"]["reranker"] == {"score": "sigmoid(logit('Yes'))", "template": "bge-reranker-gemma"}
     finally:
