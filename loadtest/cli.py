@@ -97,7 +97,7 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--workload", choices=workloads.WORKLOADS, default="rerank")
     g.add_argument("--batch-size", type=_positive_int, default=None,
                    help=f"items per request (default: {workloads.EMBED_BATCH_SIZE} for /v1/embeddings; "
-                        "rerank: all passages of a query in one request)")
+                        "and /classify; rerank and reward-best-of-n: all passages of a query in one request)")
     g.add_argument("--order", type=_order, default=workloads.Order(), metavar="grouped|shuffled|interleave:K",
                    help="request order: grouped (dataset order, default), shuffled (seeded by --seed), or "
                         "interleave:K (K users, each one query at a time, merged round-robin)")
@@ -213,7 +213,7 @@ def _meta(a, ds: datasets.Dataset, **extra) -> dict:
     if a.workload in workloads.ONE_ITEM:
         batch = 1
     else:
-        batch = a.batch_size if a.workload == "rerank" else (a.batch_size or workloads.EMBED_BATCH_SIZE)
+        batch = a.batch_size if a.workload in ("rerank", "reward-best-of-n") else (a.batch_size or workloads.EMBED_BATCH_SIZE)
     shape = {"chunking": _chunking(a).label()} if a.workload == "embed-chunks" else {}
     return {"workload": a.workload, "source": ds.source, "order": _order_label(a), "concurrency": a.concurrency,
             "batch_size": batch, **shape, "requests": a.requests, "duration": a.duration, **extra}

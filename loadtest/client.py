@@ -80,7 +80,7 @@ def _answer_ok(resp: httpx.Response, req: Request) -> bool:
         data = resp.json()
     except ValueError:
         return False
-    if req.route == "/v1/embeddings":
+    if req.route in ("/v1/embeddings", "/pooling", "/classify"):  # answers wrapped as {data: [...]}
         data = data.get("data") if isinstance(data, dict) else None
     if not (isinstance(data, list) and len(data) == expected_count(req.body)):
         return False

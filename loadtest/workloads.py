@@ -21,6 +21,16 @@ Prefix-cache workloads, one item per request (light load is where a cross-batch 
   dataset's passages packed in order; requests go document by document, so consecutive requests
   share the whole document as their prefix.
 
+Score-head workloads (RadixMLP's best case: one long prefix shared by every item of a request):
+- `reward-best-of-n`: POST /pooling {input: [prompt + response, ...]} (vLLM's reward route): one
+  request per query, the query rendered as a prompt (`reward_prompt`) and each of its passages a
+  response (`REWARD_SEPARATOR` between them), N = `batch_size` responses per request (default:
+  all of the query's passages), as best-of-N sampling and RL pipelines score them.
+- `classify-few-shot`: POST /classify {input: [few-shot block + item, ...]}: a long few-shot block
+  (`few_shot_block`: the dataset's first FEW_SHOT_EXAMPLES passages, each labelled, built once
+  per dataset) shared by every item, one short input per item (each passage, as
+  `Text: {passage}\nLabel:`), `batch_size` items per request (default EMBED_BATCH_SIZE).
+
 Orders (`Order`, parsed from `grouped | shuffled | interleave:K`):
 - `grouped` (default): dataset order; /v1/embeddings requests are cut from the flat stream of all
   items, so one request may span two queries.
@@ -44,7 +54,8 @@ from typing import TypeVar
 from loadtest.datasets import Dataset
 from loadtest.documents import Chunking, documents
 
-WORKLOADS = ("rerank", "rerank-pointwise", "embed-template", "flipped", "embed", "embed-query", "embed-chunks")
+WORKLOADS = ("rerank", "rerank-pointwise", "embed-template", "flipped", "embed", "embed-query", "embed-chunks",
+             "reward-best-of-n", "classify-few-shot")
 ONE_ITEM = ("rerank-pointwise", "embed-query", "embed-chunks")  # one item per request by definition
 ORDERS = ("grouped", "shuffled", "interleave:K")
 EMBED_BATCH_SIZE = 64  # /v1/embeddings default items per request
@@ -62,6 +73,14 @@ DEFAULT_INSTRUCTION = "Given a web search query, retrieve relevant passages that
 # Qwen3-Embedding's query prompt (config_sentence_transformers.json "query"), instruction filled in.
 QUERY_PROMPT = "Instruct: {instruction}\nQuery:"
 CHUNK_SEPARATOR = "\n\n"
+# Score-head workloads: the reward prompt around a query, and the few-shot classification block.
+REWARD_PROMPT = ("You are a helpful assistant. Answer the user's question accurately and concisely, "
+                 "citing what the passage says.\nQuestion: {query}\nAnswer:")
+REWARD_SEPARATOR = " "
+FEW_SHOT_INSTRUCTION = "Classify the sentiment of each text as negative, neutral or positive.\n\n"
+FEW_SHOT_LABELS = ("negative", "neutral", "positive")
+FEW_SHOT_EXAMPLES = 16
+SCORE_ROUTES = {"reward-best-of-n": "/pooling", "classify-few-shot": "/classify"}
 
 
 @dataclass(frozen=True)
@@ -139,6 +158,30 @@ def _embeddings_request(chunk: list[str], model: str | None, encoding: str = "fl
     return Request("/v1/embeddings", body, len(chunk))
 
 
+def reward_prompt(query: str) -> str:
+    """The shared prompt of one best-of-N request (every response follows it)."""
+    return REWARD_PROMPT.format(query=query)
+
+
+def few_shot_block(dataset: Dataset, examples: int = FEW_SHOT_EXAMPLES) -> str:
+    """The shared few-shot block: the dataset's first ``examples`` passages, labelled in turn."""
+    passages = [p for s in dataset.samples for p in s.passages][:examples]
+    shots = "".join(f"Text: {p}\nLabel: {FEW_SHOT_LABELS[i % len(FEW_SHOT_LABELS)]}\n\n"
+                    for i, p in enumerate(passages))
+    return FEW_SHOT_INSTRUCTION + shots
+
+
+def few_shot_item(block: str, text: str) -> str:
+    return f"{block}Text: {text}\nLabel:"
+
+
+def _score_request(route: str, texts: list[str], model: str | None) -> Request:
+    body: dict = {"input": texts}
+    if model:
+        body["model"] = model
+    return Request(route, body, len(texts))
+
+
 def _rerank_request(query: str, texts: list[str], instruction: str) -> Request:
     body: dict = {"query": query, "texts": texts}
     if instruction != DEFAULT_INSTRUCTION:  # only when asked: not every rerank server takes it
@@ -163,9 +206,18 @@ def query_requests(
     if workload == "embed-chunks":
         return [[_embeddings_request([doc + CHUNK_SEPARATOR + c], model, encoding) for c in chunks]
                 for doc, chunks in documents(dataset, chunking=chunking, seed=seed)]
+    block = few_shot_block(dataset) if workload == "classify-few-shot" else ""
     out = []
     for s in dataset.samples:
-        if workload in ("rerank", "rerank-pointwise"):
+        if workload == "reward-best-of-n":
+            prompt = reward_prompt(s.query) + REWARD_SEPARATOR
+            size = batch_size or max(1, len(s.passages))
+            out.append([_score_request("/pooling", [prompt + p for p in c], model)
+                        for c in _chunks(list(s.passages), size)])
+        elif workload == "classify-few-shot":
+            items = [few_shot_item(block, p) for p in s.passages]
+            out.append([_score_request("/classify", c, model) for c in _chunks(items, batch_size or EMBED_BATCH_SIZE)])
+        elif workload in ("rerank", "rerank-pointwise"):
             size = 1 if workload == "rerank-pointwise" else batch_size or max(1, len(s.passages))
             out.append([_rerank_request(s.query, c, instruction) for c in _chunks(list(s.passages), size)])
         elif workload == "embed-query":

@@ -55,6 +55,7 @@ class ModelConfig:
     sliding_window: int | None  # only when the model actually uses one
     # a classification head's labels in row order (id2label; transformers' default is 2 labels)
     labels: tuple[str, ...] = ()
+    bos_token_id: int | None = None  # config.json's; a template that starts with <bos> reads it
     hidden_act: str = "silu"  # the gated MLP's activation: "silu" or "gelu_tanh" (Gemma)
     # Gemma2: score scale query_pre_attn_scalar ** -0.5, tanh soft-caps of attention logits and of
     # the lm_head's logits, and each layer's sliding window (None: full attention)
@@ -112,6 +113,7 @@ class ModelConfig:
             mlp_bias=model_type == "llama" and bool(d.get("mlp_bias", False)),  # Llama only
             sliding_window=None if gemma2 else _sliding_window(d, model_type),
             labels=_labels(d),
+            bos_token_id=int(d["bos_token_id"]) if isinstance(d.get("bos_token_id"), int) else None,
             hidden_act=act,
             query_pre_attn_scalar=float(d.get("query_pre_attn_scalar", 256)) if gemma2 else None,
             attn_logit_softcapping=_optional(d, "attn_logit_softcapping") if gemma2 else None,

@@ -41,17 +41,19 @@ def token_states(model: ScoringModel, hidden: Tensor, rows: Tensor) -> Tensor:
 
 
 def rerank_logits(model: ScoringModel, hidden: Tensor, batch: ForwardBatch, *,
-                  yes_id: int, no_id: int) -> Tensor:
-    """[B] raw scores logit("yes") - logit("no") at each sequence's last token."""
+                  yes_id: int, no_id: int | None) -> Tensor:
+    """[B] raw scores logit("yes") - logit("no") at each sequence's last token; logit("yes")
+    alone when ``no_id`` is None (bge-reranker-v2-gemma)."""
     h = model.final_norm(hidden.index_select(0, batch.last_rows))  # [B, E]
     w = model.head_weight()
     # NOTE: row views by Python int: no index tensor built from host data (a blocking copy on
     # CUDA) inside the forward. Never the full vocabulary.
-    rows = torch.stack((w[model.head_row(yes_id)], w[model.head_row(no_id)]))  # [2, E]
+    ids = (yes_id,) if no_id is None else (yes_id, no_id)
+    rows = torch.stack([w[model.head_row(i)] for i in ids])  # [1 or 2, E]
     # NOTE: fp32 from here: bf16 logits near 10 are 1/16 apart, and their difference (the score)
     # would be quantised as coarsely, tying documents that differ.
-    logits = model.final_logits(h.float() @ rows.float().t())  # [B, 2] (Gemma2: soft-capped)
-    return logits[:, 0] - logits[:, 1]
+    logits = model.final_logits(h.float() @ rows.float().t())  # [B, 1 or 2] (Gemma2: soft-capped)
+    return logits[:, 0] if no_id is None else logits[:, 0] - logits[:, 1]
 
 
 def classify_logits(model: ScoringModel, hidden: Tensor, batch: ForwardBatch) -> Tensor:

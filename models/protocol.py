@@ -18,12 +18,13 @@ from models.config import ModelConfig
 
 @dataclass(frozen=True)
 class RerankSpec:
-    """What a family's yes/no reranker reads: the template (by name: models/prompts.py builds its
-    token ids), the two answer words whose lm_head rows score, and the default instruction."""
+    """What a family's yes/no reranker reads: the template (by name: models/rerank_templates.py
+    builds its token ids), the answer words whose lm_head rows score, and the default instruction.
+    ``no`` None: the score is the "yes" logit alone (bge-reranker-v2-gemma), else the difference."""
 
     template: str
     yes: str
-    no: str
+    no: str | None
     instruction: str
 
 

@@ -8,19 +8,23 @@ head ignored). Adding a family is one row in FAMILIES (and its module under mode
 Heads, from the architecture's suffix (the class transformers would build):
 - "Model" (or no `architectures`): the base model; serves embeddings.
 - "ForCausalLM": the language model; serves embeddings (sentence-transformers checkpoints such as
-  Qwen3-Embedding name this class too) or a yes/no reranker (the lm_head's two rows).
+  Qwen3-Embedding name this class too) or a yes/no reranker (the lm_head's "yes" and "no" rows,
+  or "Yes" alone: the family's RerankSpec decides, see family_rerank).
 - "ForSequenceClassification": a `score` head [labels, E] on the last token; one label serves a
   reranker (the seq-cls conversions of Qwen3-Reranker) or a reward model, more a classifier.
 """
 from __future__ import annotations
 
 import importlib
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from models.attention_spec import AttentionSpec
     from models.protocol import RerankSpec, ScoringModel
+
+log = logging.getLogger(__name__)
 
 # model_type -> family module under models/families/ (importing torch is left to the caller)
 FAMILIES: dict[str, str] = {
@@ -115,6 +119,12 @@ def family_spec(entry: Entry, cfg: Any) -> "AttentionSpec":
     return module.attention_spec(cfg)
 
 
-def family_rerank(entry: Entry) -> "RerankSpec":
-    """The family's yes/no reranker spec (its module's RERANK): template, words, instruction."""
-    return importlib.import_module(f"models.families.{entry.family}").RERANK
+def family_rerank(entry: Entry, *, log_choice: bool = False) -> "RerankSpec":
+    """The family's yes/no reranker spec (its module's RERANK): template, words, instruction.
+    ``log_choice``: say which template and score the loaded reranker uses (start-up log)."""
+    spec: "RerankSpec" = importlib.import_module(f"models.families.{entry.family}").RERANK
+    if log_choice:
+        score = f"logit({spec.yes!r})" + (f" - logit({spec.no!r})" if spec.no else " alone")
+        log.info("reranker template %s for %s (family %s): score %s", spec.template,
+                 entry.architecture or "(base model)", entry.family, score)
+    return spec

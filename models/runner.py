@@ -206,7 +206,7 @@ class Runner:
             logits = classify_logits(self.model, hidden, batch)  # [B, labels]
             return logits if self.kind == "classifier" else logits[:, 0]  # one score: [B]
         if self.kind == "reranker":
-            assert self.yes_id is not None and self.no_id is not None  # load_runner sets both
+            assert self.yes_id is not None  # load_runner sets it (no_id: None when "yes" scores alone)
             return rerank_logits(self.model, hidden, batch, yes_id=self.yes_id, no_id=self.no_id)
         return pool(self.model, hidden, batch, self.pooling)
 
@@ -302,15 +302,16 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
                                                      tree_attention=tree_attention)
     ops = AttentionOps(backend, kernels.get_gather_rows(device), kernels.get_gather_rows_pair(device))
     yes_id = no_id = None
-    rerank = family_rerank(family)
+    rerank = family_rerank(family, log_choice=head == "yes-no")
     if head == "yes-no":
-        yes_id, no_id = token_id(tokenizer, rerank.yes), token_id(tokenizer, rerank.no)
+        yes_id = token_id(tokenizer, rerank.yes)
+        no_id = token_id(tokenizer, rerank.no) if rerank.no is not None else None
     labels = cfg.labels if head == "score" else ()
     with torch.device("meta"):
         model = build_model(family, cfg, ops, rope_device=device, lm_head=head == "yes-no",
                             num_labels=len(labels))
-        if yes_id is not None and no_id is not None:
-            model.keep_head_rows((yes_id, no_id))  # the score reads these two rows only
+        if yes_id is not None:  # the score reads these rows only
+            model.keep_head_rows((yes_id,) if no_id is None else (yes_id, no_id))
     load_weights(model, model_dir, device=device, dtype=dtype, take_rows=model.head_rows())
     model.eval()
     memory = memory_report(model, device)

@@ -244,3 +244,49 @@ def test_cli_dataset_with_shape_and_warning_for_files(tmp_path, capsys):
     assert cli.main(["dataset", "--source", "file", "--dataset-path", str(out), "--passage-words", "3,4",
                      "--out", str(tmp_path / "copy.jsonl")]) == 0
     assert "ignored for file:long.jsonl" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- score-head workloads
+
+
+@pytest.mark.parametrize("n", [None, 2])
+def test_reward_best_of_n_shares_one_prompt_per_request(n):
+    ds = _uneven()
+    reqs = workloads.build_requests(ds, "reward-best-of-n", batch_size=n, model="m")
+    got = []
+    for r in reqs:
+        assert r.route == "/pooling" and set(r.body) == {"input", "model"} and r.items == len(r.body["input"])
+        assert 1 <= r.items <= (n or max(len(s.passages) for s in ds.samples))
+        prompts = {t.rsplit(" ", 1)[0] for t in r.body["input"]}
+        assert len(prompts) == 1  # one query's prompt, shared by every response of the request
+        got.extend(r.body["input"])
+    want = [f"{workloads.reward_prompt(s.query)} {p}" for s in ds.samples for p in s.passages]
+    assert got == want
+    assert len(reqs) == sum(-(-len(s.passages) // (n or len(s.passages))) for s in ds.samples)
+
+
+def test_classify_few_shot_shares_the_block_and_carries_every_passage_once():
+    ds = _uneven()
+    block = workloads.few_shot_block(ds)
+    flat = [p for s in ds.samples for p in s.passages]
+    assert block.count("Label: ") == min(len(flat), workloads.FEW_SHOT_EXAMPLES)
+    reqs = workloads.build_requests(ds, "classify-few-shot", batch_size=3)
+    items = []
+    for r in reqs:
+        assert r.route == "/classify" and set(r.body) == {"input"} and 1 <= r.items == len(r.body["input"]) <= 3
+        assert all(t.startswith(block) and t.endswith("\nLabel:") for t in r.body["input"])
+        items.extend(t[len(block):] for t in r.body["input"])
+    assert items == [f"Text: {p}\nLabel:" for p in flat]
+    assert all(workloads.expected_count(r.body) == r.items for r in reqs)
+
+
+@pytest.mark.parametrize("route", ["/pooling", "/classify"])
+def test_score_answers_are_checked_inside_data(route):
+    import httpx
+
+    from loadtest.client import _answer_ok
+
+    req = workloads.Request(route, {"input": ["a", "b"]}, 2)
+    ok = httpx.Response(200, json={"object": "list", "data": [{"index": 0}, {"index": 1}]})
+    short = httpx.Response(200, json={"object": "list", "data": [{"index": 0}]})
+    assert _answer_ok(ok, req) and not _answer_ok(short, req)

@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from models.runner import load_runner
+from tests.test_bge_reranker_gemma import yes_loc
 
 TOL = 1e-4
 
@@ -52,7 +53,8 @@ def case(request, fixture_root):
         else:
             hf = transformers.AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
             logits = [hf(input_ids=torch.tensor([s]), logits_to_keep=1).logits[0, -1] for s in SEQS]
-            want = torch.stack([lg[probe.yes_id] - lg[probe.no_id] for lg in logits])
+            # a Gemma yes/no reranker scores bge-reranker-v2-gemma's way: the "Yes" logit alone
+            want = torch.stack([lg[yes_loc(d)] for lg in logits])
     return preset, d, want
 
 

@@ -1,4 +1,4 @@
-"""Gemma2 embeddings (/embed, /v1/embeddings) and a Gemma yes/no reranker (/rerank) over HTTP,
+"""Gemma2 embeddings (/embed, /v1/embeddings) and Gemma yes/no rerankers (/rerank, bge-reranker-v2-gemma's layout) over HTTP,
 with the prefix cache on, against transformers' Gemma2Model and GemmaForCausalLM (fp32, 1e-4).
 
 The inputs are longer than the Gemma2 fixture's window (8), and the reranker's template alone is.
@@ -15,7 +15,7 @@ from models.runner import load_runner
 from server.app import create_app
 from server.config import ServerConfig
 from tests.serving import ServerThread
-from tests.test_model_forward import INSTRUCTION, RERANK_PREFIX, RERANK_SUFFIX
+from tests.test_bge_reranker_gemma import flag_inputs, yes_loc
 
 TEXTS = ["the quick brown fox jumps over the lazy dog near the river bank", "a short one"]
 QUERY = "what is the capital of france"
@@ -58,15 +58,12 @@ def test_gemma_yes_no_reranker_over_http(fixture_root, preset):
     runner, srv = _serve(d)
     try:
         hf = transformers.AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
-        tok = runner.tokenizer
 
-        def score(doc):
-            body = f"<Instruct>: {INSTRUCTION}\n<Query>: {QUERY}\n<Document>: {doc}"
-            ids = (tok.encode(RERANK_PREFIX, add_special_tokens=False).ids + tok.encode(body, add_special_tokens=False).ids
-                   + tok.encode(RERANK_SUFFIX, add_special_tokens=False).ids)
+        def score(doc):  # bge-reranker-v2-gemma's layout and score (the "Yes" logit alone)
+            (ids,) = flag_inputs(d, QUERY, [doc])
             with torch.inference_mode():
                 logits = hf(input_ids=torch.tensor([ids])).logits[0, -1]  # soft-capped by Gemma2ForCausalLM
-            return float(logits[runner.yes_id] - logits[runner.no_id])
+            return float(logits[yes_loc(d)])
 
         want = {i: score(doc) for i, doc in enumerate(DOCS)}
         r = httpx.post(srv.url + "/rerank", json={"query": QUERY, "texts": DOCS, "raw_scores": True}, timeout=60)

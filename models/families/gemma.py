@@ -22,13 +22,15 @@ from models.attention_spec import AttentionSpec
 from models.batch import ForwardBatch
 from models.config import ModelConfig
 from models.layers import MLP, Attention, AttentionOps, RMSNorm, Rotary
-from models.prompts import DEFAULT_INSTRUCTION
 from models.protocol import RerankSpec, ScoringModel
+from models.rerank_templates import BGE_GEMMA, BGE_GEMMA_PROMPT
 
-
-# The yes/no reranker of this family, served on the Qwen3-Reranker template and words (the only
-# template models/prompts.py builds).
-RERANK = RerankSpec(template="qwen3-reranker", yes="yes", no="no", instruction=DEFAULT_INSTRUCTION)
+# The yes/no reranker of this family. Rule: a Gemma or Gemma2 causal LM served as a reranker is
+# read as BAAI's bge-reranker-v2-gemma (the Gemma yes/no reranker people serve): its FlagEmbedding
+# layout and prompt, scored by the "Yes" logit alone (no "no" word). Gemma has no Qwen chat
+# template, so the Qwen3-Reranker layout would be wrong for it. The loader logs the template and
+# /info reports it (model_type.reranker.template).
+RERANK = RerankSpec(template=BGE_GEMMA, yes="Yes", no=None, instruction=BGE_GEMMA_PROMPT)
 
 class DecoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig, ops: AttentionOps, layer_idx: int):

@@ -119,7 +119,7 @@ class RerankRequest(_Inference):
     truncation_direction: Direction = "right"
     raw_scores: StrictBool = Field(False, description="false: sigmoid(logit(yes) - logit(no))")
     return_text: StrictBool = False
-    instruction: StrictStr | None = Field(None, description="default: the Qwen3-Reranker web-search instruction")
+    instruction: StrictStr | None = Field(None, description="default: the model family's reranker instruction")
 
 
 class Rank(BaseModel):

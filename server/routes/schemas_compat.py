@@ -113,7 +113,7 @@ class DocumentsRerankRequest(DocumentsBody):
     ``return_documents`` unset answers the documents, as vLLM always does; false leaves them out."""
 
     return_documents: StrictBool | None = None
-    instruction: StrictStr | None = Field(None, description="default: the Qwen3-Reranker web-search instruction")
+    instruction: StrictStr | None = Field(None, description="default: the model family's reranker instruction")
 
 
 class DocumentsRerankResponse(BaseModel):

@@ -7,6 +7,7 @@ number of labels), "reward" (a one-label score head, read raw).
 """
 from __future__ import annotations
 
+from models import rerank_templates
 from server.service.contract import ServedRunner
 
 # kind -> the POST routes that run its model (the others answer 400 naming these)
@@ -36,7 +37,8 @@ def model_type(runner: ServedRunner) -> dict:
     if runner.kind == "embedding":
         return {"embedding": {"pooling": runner.pooling}}
     if runner.head == "yes-no":
-        return {"reranker": {"score": "sigmoid(logit('yes') - logit('no'))", "template": runner.rerank_template}}
+        score = rerank_templates.SCORES.get(runner.rerank_template, runner.rerank_template)
+        return {"reranker": {"score": score, "template": runner.rerank_template}}
     if runner.kind == "reranker":
         return {"reranker": {"score": "sigmoid(score head)", "template": runner.rerank_template}}
     if runner.kind == "reward":

@@ -18,7 +18,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence, TypeVar
 
-from models import prompts
+from models import prompts, rerank_templates
 from scheduler.metrics import Metrics
 from server.http.errors import ApiError
 from server.service.contract import ServedRunner
@@ -42,7 +42,10 @@ class Tokenization:
         self.metrics = metrics
         # NOTE: the embedding table's rows bound valid ids (an id past it would crash the batch).
         self.vocab_size = int(runner.config.vocab_size)
-        self.rerank = prompts.RerankTemplate(runner.tokenizer) if runner.kind == "reranker" else None
+        # a reranker's template, by the name the family's RerankSpec gives (models/rerank_templates.py)
+        self.rerank = (rerank_templates.build_template(runner.rerank_template, runner.tokenizer,
+                                                       bos_id=runner.config.bos_token_id)
+                       if runner.kind == "reranker" else None)
         self.special_ids = frozenset(
             i for i, tok in runner.tokenizer.get_added_tokens_decoder().items() if tok.special
         )
