@@ -37,6 +37,12 @@ def test_docs_have_commands():
 def test_doc_command_parses(where, cmd):
     server_cli = pytest.importorskip("server.cli")
     words = shlex.split(cmd)
+    if words[0] == "radixserve" and words[1:2] and words[1] in server_cli.BATCH_COMMANDS:
+        from server.batch import cli as batch_cli
+
+        config = batch_cli.config_from(batch_cli.build_parser().parse_args(words[2:]))
+        assert config.model_id
+        return
     if words[0] == "radixserve":
         server_cli.build_parser().parse_args(words[1:])
         return
