@@ -49,12 +49,12 @@ def no_init() -> Iterator[None]:
     with _NO_INIT:
         saved = {cls: cls.__dict__["reset_parameters"] for cls in INIT_CLASSES}
         for cls in saved:
-            cls.reset_parameters = _skip_init  # type: ignore[method-assign]
+            setattr(cls, "reset_parameters", _skip_init)
         try:
             yield
         finally:
             for cls, method in saved.items():
-                cls.reset_parameters = method  # type: ignore[method-assign]
+                setattr(cls, "reset_parameters", method)
 
 
 class RMSNorm(nn.Module):
