@@ -29,10 +29,10 @@ def launch(model: str, pythonpath: str | None, timeout: float) -> tuple[float, d
     port = free_port()
     env = dict(os.environ)
     if pythonpath:
-        env["PYTHONPATH"] = pythonpath
+        env["PYTHONPATH"] = pythonpath  # and run there: `python -m` puts the working directory first
     t0 = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "--model-id", model, "--port", str(port),
-                             "--hostname", "127.0.0.1"], env=env, stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, "-m", "server.cli", "--model-id", os.path.abspath(model), "--port", str(port),
+                             "--hostname", "127.0.0.1"], env=env, cwd=pythonpath or None, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
         while time.perf_counter() - t0 < timeout:
@@ -64,7 +64,7 @@ def main() -> None:
     ap.add_argument("--pythonpath", help="another source tree, run alternately with this one")
     ap.add_argument("--timeout", type=float, default=300)
     args = ap.parse_args()
-    trees = ([("other", args.pythonpath)] if args.pythonpath else []) + [("this", os.environ.get("PYTHONPATH"))]
+    trees = ([("other", args.pythonpath)] if args.pythonpath else []) + [("this", os.environ.get("PYTHONPATH") or os.getcwd())]
     seen: dict[str, list[float]] = {name: [] for name, _ in trees}
     for _ in range(args.runs):
         for name, path in trees:
