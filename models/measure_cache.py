@@ -111,4 +111,5 @@ def store(entry: str, value: Any) -> None:
             json.dump({"version": VERSION, "entries": entries}, f)
         os.replace(tmp, path)
     except (OSError, TypeError, ValueError) as exc:
-        log.warning("could not write the measurement cache %s: %s", path, exc)
+        log.warning("could not write the measurement cache %s (%s): the next start measures again; "
+                    "%s=PATH moves it, =off stops trying", path, exc, ENV)
