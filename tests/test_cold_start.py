@@ -59,6 +59,12 @@ def test_the_stage_report_has_every_stage_and_sums_to_at_most_the_total(tiny_emb
     assert sum(seconds[s] for s in startup.STAGES) <= seconds["total"] + 1e-3  # rounding to 0.1 ms
     logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("start-up ")]
     assert len(logged) == len(startup.STAGES) + 1
+    from server.config import ServerConfig
+    from server.service.info import build_info
+
+    info = build_info(ServerConfig(model_id=str(tiny_embedding_dir)), runner, max_input_length=64,
+                      tokenization_workers=2)
+    assert info["startup"] is runner.startup.seconds  # /info reads the live record
     # a runner loaded later (no command line) times its own stages only
     other = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32")
     assert other.startup is not clock and set(other.startup.seconds) == {
