@@ -15,13 +15,16 @@ callers take their masked, differentiable path when autograd needs the result (`
 from __future__ import annotations
 
 import functools
+import logging
 import math
 import time
 
 import torch
 from torch import Tensor
 
-from models import attention_tiles
+from models import attention_tiles, measure_cache
+
+log = logging.getLogger(__name__)
 
 _CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
 
@@ -106,12 +109,27 @@ def select_cpu_kernel(wanted: bool, *, heads: int, kv_heads: int, head_dim: int)
 
 @functools.cache
 def _measure(heads: int, kv_heads: int, head_dim: int, threads: int) -> float:
+    """`_time_tiles`'s gain, read from the measurement cache when this machine, torch, thread
+    count, shape and kernel code measured it before (models/measure_cache.py)."""
+    entry = measure_cache.key("cpu-attention-tiles", modules=("models.attention_tiles", "models.attention_lse"),
+                              dtype=torch.float32, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                              threads=threads)
+    cached = measure_cache.lookup(entry)
+    if isinstance(cached, float) and cached > 0:
+        log.info("CPU attention tiles: %.2fx the flash kernel, from the measurement cache", cached)
+        return cached
+    gain = _time_tiles(heads, kv_heads, head_dim)
+    measure_cache.store(entry, gain)
+    return gain
+
+
+def _time_tiles(heads: int, kv_heads: int, head_dim: int) -> float:
     """flash time / tiles time (best of 3, alternating) over a causal 2048-row block and 2048
     queries x 2048 keys. The smallest blocks tiles serve are about the causal one's size, where
     the gain is smaller and varies more than on big blocks: the pair is steadier than the
     smallest alone. First the tiles must match the flash kernel run in float64 on a causal
     600-row block and 130 x 700 keys (every kind of tile: full, diagonal, tail, padded rows);
-    AssertionError on a mismatch. Cached: once per process, model shape and thread count."""
+    AssertionError on a mismatch (nothing is cached then)."""
     gen = torch.Generator().manual_seed(0)
 
     def block(lq: int, lk: int) -> tuple[Tensor, Tensor, Tensor]:

@@ -12,6 +12,10 @@ attention module computes Q, K, V its own way and hands them to `RadixAttention.
 """
 from __future__ import annotations
 
+import contextlib
+import threading
+from typing import Iterator
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -22,6 +26,35 @@ from models.attention_lse import needs_grad
 from models.batch import ForwardBatch
 from models.config import ModelConfig, rope_inv_freq
 from models.linear import Linear
+
+
+# The torch modules families build whose constructor initialises its parameters at random
+# (``reset_parameters``): wasted work when a checkpoint overwrites every one, and on the meta
+# device Embedding's ``normal_`` goes through torch._refs, whose first call imports torch._dynamo.
+INIT_CLASSES: tuple[type[nn.Module], ...] = (nn.Linear, nn.Embedding)
+_NO_INIT = threading.Lock()
+
+
+def _skip_init(self: nn.Module) -> None:
+    """Leave the parameters as allocated: the checkpoint fills every one (models/loader.py)."""
+
+
+@contextlib.contextmanager
+def no_init() -> Iterator[None]:
+    """Modules of INIT_CLASSES built inside get their parameters allocated, never initialised.
+
+    Only for a model whose every parameter is then loaded (the loader refuses a checkpoint that
+    lacks one). The classes' method is swapped for the block's duration, under a lock.
+    """
+    with _NO_INIT:
+        saved = {cls: cls.__dict__["reset_parameters"] for cls in INIT_CLASSES}
+        for cls in saved:
+            setattr(cls, "reset_parameters", _skip_init)
+        try:
+            yield
+        finally:
+            for cls, method in saved.items():
+                setattr(cls, "reset_parameters", method)
 
 
 class RMSNorm(nn.Module):

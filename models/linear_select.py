@@ -13,7 +13,8 @@ layer within its precision's tolerance (``SELF_TEST_TOL``); one that fails is re
 reason. The others are timed on every distinct linear shape of the model at ``ROWS`` rows each,
 at this process's thread count, alternating, best of ``REPEATS`` (about 0.2 s at the 0.6B shape on
 two cores); the fastest by the geometric mean over the row counts (few rows and a batch count
-alike) runs. ``RADIXSERVE_CPU_LINEAR`` skips the timing: a candidate's name forces it, ``first``
+alike) runs; the scores are kept per machine and shapes (models/measure_cache.py), so a later start
+reads them instead. ``RADIXSERVE_CPU_LINEAR`` skips the timing: a candidate's name forces it, ``first``
 takes the first candidate that passes its self-test (tests; reproducible runs).
 Off the CPU, or in another dtype than float32, linears run ``F.linear`` in the model's dtype and
 ``cpu_weights`` has no effect (the report says so).
@@ -32,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models import linear as packed_linear
+from models import linear as packed_linear, measure_cache
 from models.linear import Linear, clear_kernels, pack_linears, set_kernels, unpack_linears
 from models.linear_quant import KERNELS, bf16_missing
 
@@ -94,38 +95,56 @@ def choose_linears(model: nn.Module, *, device: torch.device, dtype: torch.dtype
                         keep_dense)
     if force not in (None, "first") and force not in candidates:
         raise ValueError(f"{ENV}={force!r} is not a {weights} linear kernel: use one of {candidates} or 'first'")
-    ops: dict[str, list[tuple[Callable[[Tensor], Tensor], int]]] = {}
+    passed: list[str] = []
     for name in candidates:
         if name in rejected or (force not in (None, "first") and name != force):
             continue
         try:
-            ops[name] = _prepare(name, _shapes(layers))
             _self_test(name, layers[0], SELF_TEST_TOL[weights])
+            passed.append(name)
         except Exception as exc:  # noqa: BLE001 -- any failure rejects the candidate, with its reason
-            ops.pop(name, None)
             rejected[name] = f"self-test failed: {type(exc).__name__}: {exc}"
-    if not ops:
+    if not passed:
         if weights != "fp32" or force not in (None, "first"):
             raise RuntimeError(f"no {weights} linear kernel passed its self-test: {rejected}")
-        ops["F.linear"] = []  # the plain path needs no test
+        passed.append("F.linear")  # the plain path needs no test
     threads = torch.get_num_threads()
-    if force is not None or len(ops) == 1:
-        name = next(iter(ops))
+    if force is not None or len(passed) == 1:
+        name = passed[0]
         reasons = [f"{ENV}={force}"] if force is not None else []
         reasons += [f"{k}: {v}" for k, v in rejected.items()]
         choice = LinearChoice(weights, name, f"{name} ({'; '.join(reasons) or 'the only candidate'})")
     else:
         t0 = time.perf_counter()
-        seconds = measure(ops, timer=timer)
+        seconds, how = _measured(passed, _shapes(layers), timer)
         took = time.perf_counter() - t0
         ranked = sorted(seconds, key=seconds.__getitem__)
         name, runner_up = ranked[0], ranked[1]
         gain = seconds[runner_up] / seconds[name] if seconds[name] > 0 else math.inf
         others = "".join(f"; {k}: {v}" for k, v in rejected.items())
         choice = LinearChoice(weights, name, f"{name} ({gain:.2f}x {runner_up} on the model's shapes at "
-                                             f"{threads} threads, measured in {took:.2f} s{others})", seconds)
+                                             f"{threads} threads, {how} in {took:.2f} s{others})", seconds)
     failed = any(why.startswith("self-test failed") for why in rejected.values())
     return _install(model, replace(choice, failed=failed), keep_dense)
+
+
+def _measured(names: list[str], shapes: list[Linear],
+              timer: Callable[[], float]) -> tuple[dict[str, float], str]:
+    """(`measure`'s scores of `names` on `shapes`, "measured" or "read from the measurement cache").
+
+    The cache (models/measure_cache.py) serves only the real clock: an injected `timer` measures."""
+    entry = measure_cache.key("cpu-linear", modules=("models.linear", "models.linear_quant", "models.linear_select"),
+                              dtype=torch.float32, kernels=names, rows=ROWS,
+                              shapes=[(m.out_features, m.in_features, m.bias is not None) for m in shapes])
+    if timer is time.perf_counter:
+        cached = measure_cache.lookup(entry)
+        if isinstance(cached, dict) and sorted(cached) == sorted(names) and all(
+                isinstance(v, float) and v > 0 for v in cached.values()):
+            return cached, "read from the measurement cache"
+    seconds = measure({name: _prepare(name, shapes) for name in names}, timer=timer)
+    if timer is time.perf_counter:
+        measure_cache.store(entry, seconds)
+    return seconds, "measured"
 
 
 def _install(model: nn.Module, choice: LinearChoice, keep_dense: bool) -> LinearChoice:

@@ -108,9 +108,13 @@ def check_kind(entry: Entry, kind: str, labels: int = 0) -> None:
 
 def build_model(entry: Entry, cfg: Any, ops: Any, *, rope_device: Any, lm_head: bool = False,
                 num_labels: int = 0) -> "ScoringModel":
-    """The family's model for `cfg` (models/families/<family>.py's `build`)."""
+    """The family's model for `cfg` (models/families/<family>.py's `build`), its parameters
+    allocated but never initialised (`models.layers.no_init`): the checkpoint fills every one."""
+    from models.layers import no_init
+
     module = importlib.import_module(f"models.families.{entry.family}")
-    return module.build(cfg, ops, rope_device=rope_device, lm_head=lm_head, num_labels=num_labels)
+    with no_init():
+        return module.build(cfg, ops, rope_device=rope_device, lm_head=lm_head, num_labels=num_labels)
 
 
 def family_spec(entry: Entry, cfg: Any) -> "AttentionSpec":

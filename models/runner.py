@@ -30,6 +30,7 @@ from models.pooling import classify_logits, pool, rerank_logits, token_states
 from models.prefix_cache import DEFAULT_SIZE, PrefixCache, cache_refusal, capacity_tokens
 from models.prefix_setup import head_pooling, start_prefix_cache
 from models.runner_setup import cpu_attention_kernel, select_paths
+from models.startup import StartupClock, clock_for_load
 from models.layers import AttentionOps
 from models.protocol import ScoringModel
 from models import streams
@@ -107,6 +108,8 @@ class Runner:
     memory: dict[str, int] = field(default_factory=dict)
     # the prefix cache's size: tokens, bytes, bytes_per_token and why (`auto`'s rule and figures)
     prefix_cache_report: dict = field(default_factory=dict)
+    # launch to healthy per stage (models/startup.py); warm_up adds its own and the total
+    startup: StartupClock = field(default_factory=StartupClock)
     # run() may return a HostCopy on CUDA (the scheduler settles it on its own thread); off: run waits
     defer_copies: bool = False
 
@@ -194,7 +197,10 @@ class Runner:
 
     def warm_up(self, *, max_tokens: int) -> dict:
         """The serving path once on the calling thread (the worker's): models/warmup.py."""
-        return warm_up(self, max_tokens=max_tokens)
+        figures = warm_up(self, max_tokens=max_tokens)
+        self.startup.add("warm-up", figures["ms"] / 1e3)
+        self.startup.finish()
+        return figures
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
         """Differentiable pooled output on the device: [B, E] embeddings or [B] raw scores."""
@@ -288,6 +294,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     if kind is not None and kind not in KINDS:
         raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
     capacity_tokens(prefix_cache_size, 1)  # a malformed size fails before the weights load
+    clock = clock_for_load()
     model_dir = resolve_model_dir(model_id, revision)
     cfg = ModelConfig.from_pretrained_dir(model_dir)
     family = resolve_family(cfg.model_type, cfg.architectures)  # refuses what we would serve wrong
@@ -307,6 +314,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         yes_id = token_id(tokenizer, rerank.yes)
         no_id = token_id(tokenizer, rerank.no) if rerank.no is not None else None
     labels = cfg.labels if head == "score" else ()
+    clock.mark("config")
     with torch.device("meta"):
         model = build_model(family, cfg, ops, rope_device=device, lm_head=head == "yes-no",
                             num_labels=len(labels))
@@ -316,12 +324,14 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     model.eval()
     memory = memory_report(model, device)
     log.info("weights loaded: %s", describe_memory(memory))
+    clock.mark("weights")
     linear = choose_linears(model, device=device, dtype=dtype, weights=cpu_weights,
                             packed_wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
     (log.warning if linear.failed else log.info)("linear layers: %s weights, %s", linear.weights, linear.report)
     cpu_attention = cpu_attention_kernel(cfg, device=device, dtype=dtype, wanted=cpu_packed_weights)
     if cpu_attention and backend.name == "spec-varlen":  # the blocks' kernels do not run at all
         cpu_attention = "spec-varlen (the checkpoint's soft-cap or window; no CPU block kernel)"
+    clock.mark("kernel choices")
 
     prompts, default_prompt_name = read_prompts(model_dir)
     pooling = pooling or detect_pooling(model_dir)
@@ -339,10 +349,11 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         attention_rejected=dict(backend.rejected), linear=linear.kernel, memory=memory,
         linear_choice=f"{linear.weights}: {linear.report}",
         tree_attention=tree_attention, tree_path=tree_path, tree_rejected=tree_rejected,
-        cpu_attention=cpu_attention,
+        cpu_attention=cpu_attention, startup=clock,
     )
     runner.prefix_cache, runner.prefix_cache_report = start_prefix_cache(runner, prefix_cache_size,
                                                                          max_batch_tokens=max_batch_tokens)
+    clock.mark("cache allocation")
     return runner
 
 

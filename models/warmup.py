@@ -7,8 +7,9 @@ batches) and go through what serving goes through: a batch at the token budget w
 prefixes (the trie, compact attention over its compacted rows), then a prefix-cache write and a
 read of it. Invariant: the warm-up leaves no trace a client could see: the cache is reset to
 empty (its counters too), and nothing is counted in the metrics (no scheduler step runs it).
-On a CPU the batch is capped at CPU_TOKENS: there are no handles or allocator to grow there, and
-a full budget of a real model would cost tens of seconds of start-up.
+On a CPU the batch is capped at CPU_TOKENS, two items sharing a prefix (the smallest batch that
+runs the trie and compact attention): there are no handles or allocator to grow there, and start-up
+time would grow with the batch for nothing.
 
 ``peak_forward`` is also how a CUDA runner sizes an `auto` prefix cache: the memory still free
 after the largest batch's forward.
@@ -29,8 +30,8 @@ from models import streams
 
 log = logging.getLogger(__name__)
 
-CPU_TOKENS = 1024  # the warm-up batch's cap on a CPU
 SEQ_TOKENS = 256  # tokens per warm-up item; the first half is shared by all items
+CPU_TOKENS = 2 * SEQ_TOKENS  # the warm-up batch's cap on a CPU
 
 
 def shared_prefix_batch(tokens: int, vocab: int, *, seq: int = SEQ_TOKENS) -> tuple[np.ndarray, np.ndarray]:

@@ -198,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
         log.warning(note)
     export_hub_settings(config)
     tune_switch_interval()
+    from models.startup import begin_process
+
+    clock = begin_process()  # launch to healthy per stage: the log and /info's `startup`
+    clock.mark("import")
     log.info("loading %s", config.model_id)
     try:
         runner = load_runner(config)
@@ -208,7 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - report and exit non-zero, no traceback spam
         log.error("could not start: %s: %s", type(exc).__name__, exc)
         return 1
+    clock.mark("app")
     freeze_startup_objects()
+    clock.mark("freeze")  # the warm-up runs on the worker thread when the app starts, then the total
     lifecycle = app.state.lifecycle
     served = tracing.instrument(app, endpoint=config.otlp_endpoint, service_name=config.otlp_service_name)
     uv_config = listener.uvicorn_config(

@@ -11,6 +11,9 @@ torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 # The CPU linear kernel: the first candidate that passes its self-test, not a timing that may go
 # either way on a busy machine (tests/test_linear_select.py measures with an injected clock).
 os.environ.setdefault("RADIXSERVE_CPU_LINEAR", "first")
+# Measure at every load: a test never reads or writes the user's measurement cache
+# (tests/test_cold_start.py points it at a temporary file).
+os.environ.setdefault("RADIXSERVE_MEASURE_CACHE", "off")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -105,9 +105,13 @@ class PrefixCache:
         self.bytes_per_token = bytes_per_token(layers=layers, kv_heads=kv_heads, head_dim=head_dim,
                                                dtype=dtype)
         rows = self.n_slots * block
-        # NOTE: zeros, not empty: the memory is committed now, so a pool too large fails at start.
-        self.k = torch.zeros(layers, rows, kv_heads, head_dim, dtype=dtype, device=device)
-        self.v = torch.zeros(layers, rows, kv_heads, head_dim, dtype=dtype, device=device)
+        # NOTE: on CUDA zeros, not empty: the memory is committed now, so a pool too large fails at
+        # start (the fill is a fast memset). On a CPU empty: zeroing would touch every page of a
+        # pool of gigabytes at start-up (seconds), while rows are read only after they are written;
+        # the kernel still refuses an allocation far beyond the machine's memory at once.
+        alloc = torch.zeros if torch.device(device).type == "cuda" else torch.empty
+        self.k = alloc(layers, rows, kv_heads, head_dim, dtype=dtype, device=device)
+        self.v = alloc(layers, rows, kv_heads, head_dim, dtype=dtype, device=device)
         self._index: dict[tuple[int | bytes, bytes], _Block] = {}
         self._siblings = Siblings()  # committed children's tokens per parent key: partial look-ups
         self._order = EvictionOrder()  # evictable leaves, least recently used first

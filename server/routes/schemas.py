@@ -170,6 +170,7 @@ class Info(BaseModel):
     memory: dict[str, int] = Field(default_factory=dict,
                                    description="weights_bytes; on CUDA allocated_bytes and reserved_bytes after load")
     batching_policy: str
+    startup: dict[str, float] = Field(default_factory=dict, description="launch to healthy: stage -> seconds, and total")
     version: str
 
 

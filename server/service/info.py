@@ -75,6 +75,7 @@ def build_info(config: ServerConfig, runner: ServedRunner, *, max_input_length: 
         "memory": dict(runner.memory),
         "prefix_cache": dict(runner.prefix_cache_report),
         "batching_policy": config.batching_policy,
+        "startup": getattr(getattr(runner, "startup", None), "seconds", {}),  # live: filled as stages end
         "version": version(),
     }
 
