@@ -43,6 +43,7 @@ def start_prefix_cache(runner: Any, size, *, max_batch_tokens: int) -> tuple[Pre
         tokens, why = auto_host_tokens(per_token, available_host_bytes())
     else:
         tokens, why = capacity_tokens(size, per_token), f"--prefix-cache-size {size}"
+        check_host_pool(tokens * per_token, device=device, size=size)
     off = None
     if tokens <= 0:
         off = "size 0"
@@ -60,3 +61,18 @@ def start_prefix_cache(runner: Any, size, *, max_batch_tokens: int) -> tuple[Pre
     log.info("prefix cache on: %d tokens, %.1f MiB (%d bytes per token); %s", report["tokens"],
              cache.capacity_bytes / 2**20, per_token, why)
     return cache, report
+
+
+def check_host_pool(nbytes: int, *, device: torch.device, size) -> None:
+    """Refuse at start a CPU pool larger than the RAM available now.
+
+    NOTE: a CPU pool is allocated without touching its pages (models/prefix_cache/index.py), so
+    the allocation itself would succeed and the process would run out of memory later, while
+    serving; this check keeps "a pool too large fails at start" true on the CPU too.
+    """
+    if device.type != "cpu":
+        return
+    available = available_host_bytes()
+    if nbytes > available:
+        raise ValueError(f"--prefix-cache-size {size} needs {nbytes / 2**30:.2f} GiB, more than the "
+                         f"{available / 2**30:.2f} GiB of RAM available: lower it (or use auto)")

@@ -298,3 +298,14 @@ def test_commit_later_publishes_at_the_next_plan_and_ignores_a_late_abort():
     assert cache.stats()["blocks"] == 3 and again.done  # stats publishes what is queued too
     cache.reset()
     _check(cache)
+
+
+def test_a_cpu_pool_larger_than_the_ram_available_is_refused_at_start(monkeypatch):
+    # the CPU pool's pages are not touched at allocation, so the size is checked against the RAM
+    import models.prefix_setup as setup
+
+    monkeypatch.setattr(setup, "available_host_bytes", lambda: 1 << 30)
+    with pytest.raises(ValueError, match="more than the 1.00 GiB of RAM available"):
+        setup.check_host_pool(2 << 30, device=torch.device("cpu"), size="2GiB")
+    setup.check_host_pool(512 << 20, device=torch.device("cpu"), size="512MiB")  # fits
+    setup.check_host_pool(2 << 30, device=torch.device("meta"), size="2GiB")  # not a CPU pool
