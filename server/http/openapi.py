@@ -26,8 +26,11 @@ POST_STATUSES = (400, 401, 404, 408, 413, 415, 422, 429, 431, 500, 503)
 GET_STATUSES = (404, 431, 500, 503)
 # body fields that carry the inputs: never empty (a 400); lists at most --max-client-batch-size
 INPUT_FIELDS = frozenset({"inputs", "input", "texts", "documents", "sentences", "source_sentence", "query",
-                          "text"})
+                          "text", "ids"})
 RERANK_LISTS = frozenset({"texts", "documents"})  # in a rerank body an empty document is scored
+# what an unknown field may hold: the server ignores it, but counts its arrays and objects against
+# the body's container bound (server/http/bodies.py), so the schema admits scalars only
+SCALAR_EXTRA = {"type": ["string", "number", "boolean", "null"]}
 DIRECTION_PATTERN = "^([Rr][Ii][Gg][Hh][Tt]|[Ll][Ee][Ff][Tt])$"  # Right or Left, any case
 
 TEI_ERROR = {
@@ -65,14 +68,17 @@ def _bound_inputs(node: Any, *, max_items: int, vocab_size: int, hidden_size: in
             node.setdefault("minLength", 1)
         elif kind == "array":
             node.setdefault("minItems", 1)
-            node.setdefault("maxItems", max_items)
+            # /similarity embeds the source sentence too: it and the sentences share the maximum
+            node.setdefault("maxItems", max_items - 1 if field == "sentences" else max_items)
             items = node.get("items")
             if isinstance(items, dict) and items.get("type") == "integer":  # token ids
                 items.setdefault("minimum", 0)
                 items.setdefault("maximum", vocab_size - 1)
             elif isinstance(items, dict) and items.get("type") == "array":  # lists of token ids
                 items.setdefault("minItems", 1)
-    if field == "dimensions" and node.get("type") == "integer":
+    if node.get("type") == "object" and "properties" in node:
+        node.setdefault("additionalProperties", SCALAR_EXTRA)
+    if field in ("dimensions", "output_dimension") and node.get("type") == "integer":
         node.setdefault("maximum", hidden_size)
     if field == "truncation_direction" and node.get("type") == "string":
         node.setdefault("pattern", DIRECTION_PATTERN)

@@ -5,11 +5,14 @@ fields are ignored, texts are strict JSON strings.
 """
 from __future__ import annotations
 
-from typing import ClassVar, Literal, Union
+from typing import Annotated, ClassVar, Literal, Union
 
-from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, Field, StrictBool, StrictInt, StrictStr
 
-from server.routes.schemas import Direction, _Inference
+from server.routes.schemas import Direction, _Inference, _whole_int
+
+# -1 (the server's maximum) or a token count; 18.0 is 18 (see server/routes/schemas.py)
+TruncateTokens = Annotated[StrictInt, Field(ge=-1), BeforeValidator(_whole_int)]
 
 
 class PredictRequest(_Inference):
@@ -24,8 +27,8 @@ class PredictRequest(_Inference):
 class _VllmBody(_Inference):
     model: StrictStr | None = None
     user: StrictStr | None = None
-    truncate_prompt_tokens: StrictInt | None = Field(
-        None, ge=-1, description="keep the last n tokens of each input (-1: the server's maximum)")
+    truncate_prompt_tokens: TruncateTokens | None = Field(
+        None, description="keep the last n tokens of each input (-1: the server's maximum)")
 
 
 class ClassifyRequest(_VllmBody):
