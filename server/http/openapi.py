@@ -94,6 +94,15 @@ def _bound_inputs(node: Any, *, max_items: int, vocab_size: int, hidden_size: in
                           rerank=rerank, prompt_names=prompt_names, field=field)
 
 
+def paired(max_items: int) -> list[dict]:
+    """/score's rule as a schema: one text_1 (a string or a one-item list) for every text_2, or as
+    many text_1 as text_2 (one branch per list length)."""
+    one = {"properties": {"text_1": {"anyOf": [{"type": "string"}, {"type": "array", "maxItems": 1}]},
+                          "text_2": {"anyOf": [{"type": "string"}, {"type": "array", "maxItems": max_items}]}}}
+    return [one] + [{"properties": {side: {"type": "array", "minItems": n, "maxItems": n}
+                                    for side in ("text_1", "text_2")}} for n in range(2, max_items + 1)]
+
+
 def refine(spec: dict, *, max_items: int, vocab_size: int, hidden_size: int, prompt_names: tuple[str, ...] = ()) -> dict:
     """``spec`` (FastAPI's) made truthful, in place; see the module docstring."""
     schemas = spec.setdefault("components", {}).setdefault("schemas", {})
@@ -112,6 +121,8 @@ def refine(spec: dict, *, max_items: int, vocab_size: int, hidden_size: int, pro
                 responses["200"] = {"description": "Prometheus text format",
                                     "content": {"text/plain": {"schema": {"type": "string"}}}}
             body = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+            if body is not None and {"text_1", "text_2"} <= set(body.get("properties", {})):
+                body["anyOf"] = paired(max_items)
             if body is not None:
                 _bound_inputs(body, max_items=max_items, vocab_size=vocab_size, hidden_size=hidden_size,
                               rerank="rerank" in path, prompt_names=prompt_names)
