@@ -120,3 +120,23 @@ def test_head_on_get_routes_and_allow_on_405(server):
     assert wrong.status_code == 405 and "POST" in wrong.headers["allow"], wrong.headers
     wrong = httpx.post(server.url + "/health", json={})
     assert wrong.status_code == 405 and "GET" in wrong.headers["allow"]
+
+
+def test_whole_floats_are_integers_and_fractions_are_not():
+    """JSON Schema's ``integer`` admits 18.0: the server takes it as 18, and refuses 18.5, "18" and true."""
+    from server.http.bodies import parse_bytes
+    from server.http.errors import ApiError
+    from server.routes.schemas import EmbedRequest, OpenAIEmbeddingRequest
+    from server.routes.schemas_compat import DecodeRequest
+
+    assert parse_bytes(b'{"inputs": "a", "dimensions": 18.0}', EmbedRequest, max_items=8).dimensions == 18
+    assert parse_bytes(b'{"input": [[3.0, 4]]}', OpenAIEmbeddingRequest, max_items=8).input == [[3, 4]]
+    ids = parse_bytes(b'{"ids": [5.0, 6]}', DecodeRequest, max_items=8).ids
+    assert ids == [5, 6] and all(type(i) is int for i in ids)
+    for raw, model in ((b'{"inputs": "a", "dimensions": 18.5}', EmbedRequest),
+                       (b'{"inputs": "a", "dimensions": "18"}', EmbedRequest),
+                       (b'{"inputs": "a", "dimensions": true}', EmbedRequest),
+                       (b'{"input": [3.0, 4.5]}', OpenAIEmbeddingRequest),
+                       (b'{"ids": [[5, 6.5]]}', DecodeRequest)):
+        with pytest.raises(ApiError):
+            parse_bytes(raw, model, max_items=8)

@@ -76,7 +76,8 @@ def _token_ids(value: Any) -> list[int]:
     if types <= {int, float} and all(map(_whole, value)):
         return [int(v) for v in value]  # 18.0 is the id 18
     bad = next(i for i, v in enumerate(value) if not _whole(v))
-    raise ValueError(f"token ids must be JSON integers; item {bad} is {value[bad]!r}")
+    kind = "a float with a fraction" if type(value[bad]) is float else type(value[bad]).__name__
+    raise ValueError(f"token ids must be JSON integers; item {bad} is {kind}")
 
 
 TokenIds = Annotated[
