@@ -8,7 +8,11 @@ document no content, ``/metrics`` documents Prometheus text, and request bodies 
 server refuses before running the model: empty inputs and queries (``minLength``/``minItems``),
 more inputs than ``--max-client-batch-size`` (``maxItems``), token ids outside the vocabulary and
 ``dimensions`` above the hidden size, a ``truncation_direction`` but Right or Left, a
-``prompt_name`` the model does not define. ``HeadAsGet`` answers HEAD on every GET route (the GET
+``prompt_name`` the model does not define, more sentences than the maximum less /similarity's
+source sentence, /score's text_1 neither one nor as many as text_2, and unknown fields that are
+not scalars (the server ignores them, but counts their arrays and objects against the body's
+container bound). Shapes the models fix (Cohere's ``texts`` required, /predict's pairs) are
+set on the pydantic models (server/routes/schemas*.py). ``HeadAsGet`` answers HEAD on every GET route (the GET
 answer without its body); 405s carry ``Allow`` (server/http/errors.py).
 """
 from __future__ import annotations
