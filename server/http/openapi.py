@@ -8,7 +8,11 @@ document no content, ``/metrics`` documents Prometheus text, and request bodies 
 server refuses before running the model: empty inputs and queries (``minLength``/``minItems``),
 more inputs than ``--max-client-batch-size`` (``maxItems``), token ids outside the vocabulary and
 ``dimensions`` above the hidden size, a ``truncation_direction`` but Right or Left, a
-``prompt_name`` the model does not define. ``HeadAsGet`` answers HEAD on every GET route (the GET
+``prompt_name`` the model does not define, more sentences than the maximum less /similarity's
+source sentence, /score's text_1 neither one nor as many as text_2, and unknown fields that are
+not scalars (the server ignores them, but counts their arrays and objects against the body's
+container bound). Shapes the models fix (Cohere's ``texts`` required, /predict's pairs) are
+set on the pydantic models (server/routes/schemas*.py). ``HeadAsGet`` answers HEAD on every GET route (the GET
 answer without its body); 405s carry ``Allow`` (server/http/errors.py).
 """
 from __future__ import annotations
@@ -26,8 +30,11 @@ POST_STATUSES = (400, 401, 404, 408, 413, 415, 422, 429, 431, 500, 503)
 GET_STATUSES = (404, 431, 500, 503)
 # body fields that carry the inputs: never empty (a 400); lists at most --max-client-batch-size
 INPUT_FIELDS = frozenset({"inputs", "input", "texts", "documents", "sentences", "source_sentence", "query",
-                          "text"})
+                          "text", "ids"})
 RERANK_LISTS = frozenset({"texts", "documents"})  # in a rerank body an empty document is scored
+# what an unknown field may hold: the server ignores it, but counts its arrays and objects against
+# the body's container bound (server/http/bodies.py), so the schema admits scalars only
+SCALAR_EXTRA = {"type": ["string", "number", "boolean", "null"]}
 DIRECTION_PATTERN = "^([Rr][Ii][Gg][Hh][Tt]|[Ll][Ee][Ff][Tt])$"  # Right or Left, any case
 
 TEI_ERROR = {
@@ -65,14 +72,17 @@ def _bound_inputs(node: Any, *, max_items: int, vocab_size: int, hidden_size: in
             node.setdefault("minLength", 1)
         elif kind == "array":
             node.setdefault("minItems", 1)
-            node.setdefault("maxItems", max_items)
+            # /similarity embeds the source sentence too: it and the sentences share the maximum
+            node.setdefault("maxItems", max_items - 1 if field == "sentences" else max_items)
             items = node.get("items")
             if isinstance(items, dict) and items.get("type") == "integer":  # token ids
                 items.setdefault("minimum", 0)
                 items.setdefault("maximum", vocab_size - 1)
             elif isinstance(items, dict) and items.get("type") == "array":  # lists of token ids
                 items.setdefault("minItems", 1)
-    if field == "dimensions" and node.get("type") == "integer":
+    if node.get("type") == "object" and "properties" in node:
+        node.setdefault("additionalProperties", SCALAR_EXTRA)
+    if field in ("dimensions", "output_dimension") and node.get("type") == "integer":
         node.setdefault("maximum", hidden_size)
     if field == "truncation_direction" and node.get("type") == "string":
         node.setdefault("pattern", DIRECTION_PATTERN)
@@ -86,6 +96,15 @@ def _bound_inputs(node: Any, *, max_items: int, vocab_size: int, hidden_size: in
         elif key in ("anyOf", "oneOf", "allOf", "items", "prefixItems"):
             _bound_inputs(value, max_items=max_items, vocab_size=vocab_size, hidden_size=hidden_size,
                           rerank=rerank, prompt_names=prompt_names, field=field)
+
+
+def paired(max_items: int) -> list[dict]:
+    """/score's rule as a schema: one text_1 (a string or a one-item list) for every text_2, or as
+    many text_1 as text_2 (one branch per list length)."""
+    one = {"properties": {"text_1": {"anyOf": [{"type": "string"}, {"type": "array", "maxItems": 1}]},
+                          "text_2": {"anyOf": [{"type": "string"}, {"type": "array", "maxItems": max_items}]}}}
+    return [one] + [{"properties": {side: {"type": "array", "minItems": n, "maxItems": n}
+                                    for side in ("text_1", "text_2")}} for n in range(2, max_items + 1)]
 
 
 def refine(spec: dict, *, max_items: int, vocab_size: int, hidden_size: int, prompt_names: tuple[str, ...] = ()) -> dict:
@@ -106,6 +125,8 @@ def refine(spec: dict, *, max_items: int, vocab_size: int, hidden_size: int, pro
                 responses["200"] = {"description": "Prometheus text format",
                                     "content": {"text/plain": {"schema": {"type": "string"}}}}
             body = op.get("requestBody", {}).get("content", {}).get("application/json", {}).get("schema")
+            if body is not None and {"text_1", "text_2"} <= set(body.get("properties", {})):
+                body["anyOf"] = paired(max_items)
             if body is not None:
                 _bound_inputs(body, max_items=max_items, vocab_size=vocab_size, hidden_size=hidden_size,
                               rerank="rerank" in path, prompt_names=prompt_names)

@@ -123,9 +123,13 @@ def build_router(service: Service, *, model_name: str, names: tuple[str, ...] = 
                  allow_token_ids: bool = False) -> APIRouter:
     openai = OpenAIRoutes(service, model_name=model_name, names=names, allow_token_ids=allow_token_ids)
     router = APIRouter()
+    body = openapi_body(OpenAIEmbeddingRequest)
+    if not allow_token_ids:  # token ids are a 422 without --allow-token-ids: documented as texts only
+        shapes = body["requestBody"]["content"]["application/json"]["schema"]["properties"]["input"]["oneOf"]
+        shapes[:] = [s for s in shapes if s.get("items", {}).get("type") in (None, "string")]
     router.add_api_route(
         "/v1/embeddings", openai.openai_embeddings, methods=["POST"], response_model=OpenAIEmbeddingResponse,
-        tags=["OpenAI"], openapi_extra=openapi_body(OpenAIEmbeddingRequest),
+        tags=["OpenAI"], openapi_extra=body,
     )
     router.add_api_route(
         "/embeddings", openai.openai_embeddings, methods=["POST"], response_model=OpenAIEmbeddingResponse,

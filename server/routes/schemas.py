@@ -1,7 +1,8 @@
 """Request and response bodies of every route, in each ecosystem's dialect (pydantic v2).
 
 Types are strict where a lax coercion would hide a client bug (token ids must be JSON integers,
-texts must be JSON strings); unknown fields are ignored so SDKs that send extras keep working.
+texts must be JSON strings); a number without a fraction (``18.0``) is the integer JSON Schema
+says it is, while ``18.5``, ``"18"`` and ``true`` are refused; unknown fields are ignored so SDKs that send extras keep working.
 Semantic checks that need the model (dimensions vs hidden size, vocabulary, prompt names, input
 length) happen in the routes, which answer 422 in the same body format.
 """
@@ -10,8 +11,8 @@ from __future__ import annotations
 from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import (
-    AfterValidator, BaseModel, ConfigDict, Discriminator, Field, PlainValidator, StrictBool, StrictInt, StrictStr,
-    Tag, WithJsonSchema,
+    AfterValidator, BaseModel, BeforeValidator, ConfigDict, Discriminator, Field, PlainValidator, StrictBool,
+    StrictInt, StrictStr, Tag, WithJsonSchema,
 )
 
 
@@ -48,15 +49,35 @@ def _direction(value: str) -> str:
 Direction = Annotated[StrictStr, AfterValidator(_direction)]  # "Right"/"left"/... -> "right"|"left"
 
 
+def _whole(value: Any) -> bool:
+    """An integer, or a float without a fraction (JSON Schema's ``integer`` admits ``18.0``)."""
+    return type(value) is int or (type(value) is float and value.is_integer())
+
+
+def _whole_int(value: Any) -> Any:
+    return int(value) if type(value) is float and value.is_integer() else value
+
+
+# Strict integers that also take 18.0 as 18 (never 18.5, "18" or true). NOTE: the bound sits
+# inside the Annotated, before the validator: a Field(ge=...) outside it lands in the JSON schema
+# as a non-standard "ge" rather than "minimum".
+PositiveInt = Annotated[StrictInt, Field(ge=1), BeforeValidator(_whole_int)]
+NonNegativeInt = Annotated[StrictInt, Field(ge=0), BeforeValidator(_whole_int)]
+
+
 def _token_ids(value: Any) -> list[int]:
     # NOTE: one check over the whole list in C (set of element types), and at most one error: a
     # per-element pydantic validator built one error object per bad id (hundreds of MB).
     if type(value) is not list:
         raise ValueError("expected a list of integer token ids")
-    if not set(map(type, value)) <= {int}:
-        bad = next(i for i, v in enumerate(value) if type(v) is not int)
-        raise ValueError(f"token ids must be JSON integers; item {bad} is {type(value[bad]).__name__}")
-    return value
+    types = set(map(type, value))
+    if types <= {int}:
+        return value
+    if types <= {int, float} and all(map(_whole, value)):
+        return [int(v) for v in value]  # 18.0 is the id 18
+    bad = next(i for i, v in enumerate(value) if not _whole(v))
+    kind = "a float with a fraction" if type(value[bad]) is float else type(value[bad]).__name__
+    raise ValueError(f"token ids must be JSON integers; item {bad} is {kind}")
 
 
 TokenIds = Annotated[
@@ -73,7 +94,7 @@ def _input_shape(value: Any) -> str | None:
     first = value[0] if value else ""
     if isinstance(first, str):
         return "texts"
-    if type(first) is int:
+    if _whole(first):
         return "ids"
     if isinstance(first, list):
         return "batch"
@@ -106,7 +127,7 @@ class EmbedRequest(_Inference):
     truncation_direction: Direction = Field("right", description="Right or Left (any case)")
     prompt_name: StrictStr | None = Field(None, description="a key of the model's prompts")
     normalize: StrictBool = True
-    dimensions: StrictInt | None = Field(None, ge=1, description="Matryoshka: keep the first n dims")
+    dimensions: PositiveInt | None = Field(None, description="Matryoshka: keep the first n dims")
 
 
 class RerankRequest(_Inference):
@@ -186,7 +207,7 @@ class OpenAIEmbeddingRequest(_Inference):
         return 1 if _input_shape(value) in ("text", "ids") else len(value) if isinstance(value, list) else 1
     model: StrictStr | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: StrictInt | None = Field(None, ge=0, description="Matryoshka: keep the first n dims; 0 (what "
+    dimensions: NonNegativeInt | None = Field(None, description="Matryoshka: keep the first n dims; 0 (what "
                                          "Infinity's client always sends): full size")
     user: StrictStr | None = None
 
@@ -222,7 +243,7 @@ class DocumentsBody(_Inference):
 
     query: StrictStr
     documents: list[Union[StrictStr, Document]]
-    top_n: StrictInt | None = Field(None, ge=1)
+    top_n: PositiveInt | None = None
     model: StrictStr | None = None
 
 

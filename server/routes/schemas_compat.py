@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, Discriminator, Field, StrictBool, StrictInt, StrictStr, Tag
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictStr, Tag
 
-from server.routes.schemas import (CohereResult, Direction, DocumentsBody, Info, OpenAIUsage, TokenIds, _Body,
-                                   _Inference)
+from server.routes.schemas import (CohereResult, Direction, DocumentsBody, Info, OpenAIUsage, TokenIds, PositiveInt,
+                                   _Body, _Inference, _whole)
 
 
 # -- TEI ---------------------------------------------------------------------------------------
@@ -55,7 +55,7 @@ def _ids_shape(value: Any) -> str | None:
     if not isinstance(value, list):
         return None
     first = value[0] if value else 0
-    return "ids" if type(first) is int else "batch" if isinstance(first, list) else None
+    return "ids" if _whole(first) else "batch" if isinstance(first, list) else None
 
 
 # One branch validated per body (a plain Union collected one error per bad id of each branch).
@@ -82,7 +82,21 @@ class DecodeRequest(_Body):
 CohereInputType = Literal["search_query", "search_document", "classification", "clustering", "image"]
 
 
+def _texts_only(schema: dict[str, Any]) -> None:
+    """The documented body is what the route serves: ``texts`` required (a list of strings),
+    ``images`` and ``inputs`` null or absent, input_type not "image", embedding_types float and/or
+    base64 (each of the others is a 422 naming it)."""
+    props = schema["properties"]
+    props["texts"] = {"type": "array", "items": {"type": "string"}, "title": "Texts"}
+    for name in ("images", "inputs"):
+        props[name] = {"type": "null", "description": "not supported (text models): 422 unless null"}
+    props["input_type"]["anyOf"][0]["enum"] = [t for t in props["input_type"]["anyOf"][0]["enum"] if t != "image"]
+    props["embedding_types"]["anyOf"][0].update(items={"enum": ["float", "base64"]}, minItems=1)
+    schema["required"] = ["texts"]
+
+
 class CohereEmbedRequest(_Inference):
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_texts_only)
     inputs_field: ClassVar[str] = "texts"
     inputs_name: ClassVar[str] = "texts"
 
@@ -94,7 +108,7 @@ class CohereEmbedRequest(_Inference):
         None, description="search_query: the model's query prompt; others: the document prompt"
     )
     embedding_types: list[StrictStr] | None = Field(None, description="float and/or base64")
-    output_dimension: StrictInt | None = Field(None, ge=1, description="Matryoshka dimensions")
+    output_dimension: PositiveInt | None = Field(None, description="Matryoshka dimensions")
     truncate: Literal["NONE", "START", "END"] | None = Field(None, description="NONE refuses long inputs")
 
 
@@ -105,7 +119,7 @@ class CohereV2RerankRequest(_Inference):
     query: StrictStr
     documents: list[StrictStr]
     model: StrictStr | None = None
-    top_n: StrictInt | None = Field(None, ge=1)
+    top_n: PositiveInt | None = None
 
 
 class DocumentsRerankRequest(DocumentsBody):

@@ -5,15 +5,35 @@ fields are ignored, texts are strict JSON strings.
 """
 from __future__ import annotations
 
-from typing import ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from server.routes.schemas import Direction, _Inference
+from server.routes.schemas import Direction, _Inference, _whole_int
+
+# -1 (the server's maximum) or a token count; 18.0 is 18 (see server/routes/schemas.py)
+TruncateTokens = Annotated[StrictInt, Field(ge=-1), BeforeValidator(_whole_int)]
+
+
+def _pairs(schema: dict[str, Any]) -> None:
+    """An input is one string or a pair: every list of strings holds one or two."""
+    for shape in schema["properties"]["inputs"]["anyOf"]:
+        texts = shape.get("items", {}) if shape.get("items", {}).get("type") == "array" else shape
+        if texts.get("type") == "array":
+            texts.update(minItems=1, maxItems=2)
+
+
+def _truncate_tokens(schema: dict[str, Any], *, allowed: tuple[dict, ...]) -> None:
+    schema["properties"]["truncate_prompt_tokens"]["anyOf"] = [*allowed, {"type": "null"}]
+
+
+MINUS_ONE = {"type": "integer", "enum": [-1]}
 
 
 class PredictRequest(_Inference):
     """TEI: `inputs` a string, a pair [str, str], or a batch [[str] or [str, str], ...]."""
+
+    model_config = ConfigDict(extra="ignore", json_schema_extra=_pairs)
 
     inputs: Union[StrictStr, list[StrictStr], list[list[StrictStr]]]
     truncate: StrictBool | None = Field(None, description="default: the server's --auto-truncate")
@@ -22,10 +42,14 @@ class PredictRequest(_Inference):
 
 
 class _VllmBody(_Inference):
+    # truncate_prompt_tokens 0 is a 422
+    model_config = ConfigDict(extra="ignore", json_schema_extra=lambda schema: _truncate_tokens(
+        schema, allowed=(MINUS_ONE, {"type": "integer", "minimum": 1})))
+
     model: StrictStr | None = None
     user: StrictStr | None = None
-    truncate_prompt_tokens: StrictInt | None = Field(
-        None, ge=-1, description="keep the last n tokens of each input (-1: the server's maximum)")
+    truncate_prompt_tokens: TruncateTokens | None = Field(
+        None, description="keep the last n tokens of each input (-1: the server's maximum)")
 
 
 class ClassifyRequest(_VllmBody):
@@ -39,7 +63,10 @@ class PoolingRequest(ClassifyRequest):
 
 
 class ScoreRequest(_VllmBody):
-    """vLLM /score: `text_1` against one or many `text_2` (one text_1, or as many as text_2)."""
+    """vLLM /score: `text_1` against one or many `text_2` (one text_1, or as many as text_2).
+    A text_1 is never empty (a text_2 may be); server/http/openapi.py documents the pairing."""
+
+    model_config = ConfigDict(extra="ignore", json_schema_extra=lambda schema: _score_schema(schema))
 
     inputs_field: ClassVar[str] = "text_2"
     inputs_name: ClassVar[str] = "text_2"
@@ -59,3 +86,12 @@ class Prediction(BaseModel):
 
     score: float
     label: str
+
+
+def _score_schema(schema: dict[str, Any]) -> None:
+    """/score takes only truncate_prompt_tokens -1; text_1 is never empty, text_2 never an empty list."""
+    _truncate_tokens(schema, allowed=(MINUS_ONE,))
+    props = schema["properties"]
+    props["text_1"]["anyOf"] = [{"type": "string", "minLength": 1},
+                                {"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}}]
+    props["text_2"]["anyOf"] = [{"type": "string"}, {"type": "array", "minItems": 1, "items": {"type": "string"}}]

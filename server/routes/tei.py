@@ -327,7 +327,7 @@ def build_router(service: Service, *, model_name: str) -> APIRouter:
     post("/decode", tei.decode, list[str], DecodeRequest)
     post("/predict", tei.predict, Union[list[Prediction], list[list[Prediction]]], PredictRequest)
     for path, what in UNSERVED.items():
-        router.add_api_route(path, tei.not_served, methods=["POST"], tags=["TEI"],
+        router.add_api_route(path, tei.not_served, methods=["POST"], tags=["TEI"], deprecated=True,
                              summary=f"Not served: {what}; answers 400 naming the route to use")
     return router
 
