@@ -86,10 +86,7 @@ def test_every_operation_conforms(server):
 @pytest.mark.parametrize("preset", ["tiny-reranker", "tiny-qwen3-seq-cls-3"])
 def test_scoring_routes_conform(preset, fixture_root):
     """The reranker's and the classifier's own routes, driven the same way."""
-    try:
-        import fixtures  # the checkpoint builder (top-level package)
-    except ImportError:
-        from models import fixtures  # type: ignore[no-redef]  # its earlier home
+    import fixtures
 
     with serve(fixtures.cached(preset, root=fixture_root)) as srv:
         failures = conformance_failures(srv.url, served_only=True)
