@@ -20,10 +20,10 @@ QUERY = "what is the capital of france"
 DOCS = ["paris is the capital of france", "berlin is the capital of germany", "a recipe for pasta"]
 
 
-def server_answers(model_dir, rows: list) -> dict:
+def server_answers(model_dir, rows: list, **config) -> dict:
     """custom_id -> (status, JSON body) of the HTTP server for each request row."""
     out = {}
-    srv = serve(model_dir)
+    srv = serve(model_dir, **config)
     try:
         with httpx.Client(base_url=srv.url, timeout=60) as client:
             for row in rows:
@@ -35,8 +35,8 @@ def server_answers(model_dir, rows: list) -> dict:
     return out
 
 
-def check_against_server(model_dir, rows: list, got: list[dict]) -> None:
-    want = server_answers(model_dir, rows)
+def check_against_server(model_dir, rows: list, got: list[dict], **config) -> None:
+    want = server_answers(model_dir, rows, **config)
     for rec in got:
         cid = rec["custom_id"]
         if rec["error"] is not None and rec["error"].get("code") == "invalid_request_line":
@@ -84,7 +84,7 @@ def test_embedding_lines_answer_as_the_server_and_exit_zero(tmp_path, tiny_embed
     texts = ["the cat sat on the mat", "the cat sat on the hat", "dogs bark"]
     ids = runner.tokenizer.encode("the cat sat").ids
     rows = [
-        line("one", "/v1/embeddings", {"input": texts[0], "model": "any"}),
+        line("one", "/v1/embeddings", {"input": texts[0], "model": str(tiny_embedding_dir)}),
         line("many", "/v1/embeddings", {"input": texts, "dimensions": 8}),
         line("ids", "/v1/embeddings", {"input": ids}),
         line("tei", "/embed", {"inputs": texts, "normalize": False}),
@@ -92,11 +92,12 @@ def test_embedding_lines_answer_as_the_server_and_exit_zero(tmp_path, tiny_embed
         line("alias", "/embeddings", {"input": texts[1:]}),
     ]
     inp, out = write_batch(tmp_path / "in.jsonl", rows), tmp_path / "out.jsonl"
-    assert run_cli(runner, tiny_embedding_dir, inp, out) == 0
+    # token ids as input need --allow-token-ids, as on the server
+    assert run_cli(runner, tiny_embedding_dir, inp, out, "--allow-token-ids", "true") == 0
     got = read_out(out)
     assert [r["custom_id"] for r in got] == [r["custom_id"] for r in rows]
     assert all(r["error"] is None and r["response"]["status_code"] == 200 for r in got)
-    check_against_server(tiny_embedding_dir, rows, got)
+    check_against_server(tiny_embedding_dir, rows, got, allow_token_ids=True)
 
 
 def test_stdin_to_stdout(tmp_path, tiny_embedding_dir, monkeypatch):

@@ -34,6 +34,7 @@ MODEL_FLAGS = (
     "max_client_batch_size", "max_input_length", "auto_truncate", "max_rerank_pair_tokens", "max_embed_all_floats",
     "tokenization_workers", "radix_mlp_threshold", "radix_attention", "tree_attention", "batching_policy",
     "pooling", "default_prompt_name", "default_prompt", "prefix_cache_size", "cpu_packed_weights", "payload_limit",
+    "allow_token_ids",
 )
 
 
