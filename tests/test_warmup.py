@@ -117,8 +117,6 @@ def test_the_prefix_cache_size_is_reported_with_its_reason(tiny_embedding_dir):
 
 
 def test_a_prefix_cache_that_cannot_fit_fails_at_start(tiny_embedding_dir):
-    with open("/proc/sys/vm/overcommit_memory") as f:
-        if f.read().strip() == "1":
-            pytest.skip("the kernel overcommits every allocation (vm.overcommit_memory=1)")
-    with pytest.raises(RuntimeError, match="allocate"):
+    # checked against the RAM available, whatever the kernel's overcommit policy would allow
+    with pytest.raises(ValueError, match="1000TB needs .* GiB, more than the .* GiB of RAM available"):
         load_runner(str(tiny_embedding_dir), device="cpu", prefix_cache_size="1000TB")
