@@ -57,16 +57,22 @@ class VllmRoutes:
         return dumps({"id": f"{prefix}-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
                       "model": self.model_name, "data": data, "usage": _usage(usage)})
 
-    async def classify(self, request: Request) -> Response:
+    async def _head_logits(self, request: Request, route: str, kind: str,
+                           model: type[ClassifyRequest] | type[PoolingRequest]):
+        """/classify's and /pooling's common path: the body's inputs -> (texts, the head's logits)."""
         service = self.service
-        call = service.begin("classify")
-        service.require("classifier", "/classify")
-        body = await parse_body(request, ClassifyRequest, max_items=self.max_items)
+        call = service.begin(route.lstrip("/"))
+        service.require(kind, route)
+        body = await parse_body(request, model, max_items=self.max_items)
         texts = _texts(body.input)
         service.check_inputs(len(texts), empty=any(t == "" for t in texts), what="input")
         truncate, direction, cap = self._truncation(body.truncate_prompt_tokens)
         out = await scoring.logits(service, request, call, texts, truncate=truncate, direction=direction,
                                    cap=cap)
+        return texts, out
+
+    async def classify(self, request: Request) -> Response:
+        texts, out = await self._head_logits(request, "/classify", "classifier", ClassifyRequest)
 
         def build() -> bytes:
             probs = out.probabilities()
@@ -104,15 +110,7 @@ class VllmRoutes:
         return json_answer(await render(build, weight=RECORD_VALUES * len(pairs)), result.usage.headers())
 
     async def pooling(self, request: Request) -> Response:
-        service = self.service
-        call = service.begin("pooling")
-        service.require("reward", "/pooling")
-        body = await parse_body(request, PoolingRequest, max_items=self.max_items)
-        texts = _texts(body.input)
-        service.check_inputs(len(texts), empty=any(t == "" for t in texts), what="input")
-        truncate, direction, cap = self._truncation(body.truncate_prompt_tokens)
-        out = await scoring.logits(service, request, call, texts, truncate=truncate, direction=direction,
-                                   cap=cap)
+        texts, out = await self._head_logits(request, "/pooling", "reward", PoolingRequest)
 
         def build() -> bytes:
             data = [{"index": i, "object": "pooling", "data": [float(v) for v in row]}
