@@ -1,5 +1,6 @@
 """The `check` phase's steps: gpu_check under the phase's deadline, the fused model in bf16 and
-fp16 against transformers at real depth in every radix mode, and the prefix cache's speed.
+fp16 against transformers at real depth in every radix mode, the forward's launches per layer,
+and the prefix cache's speed.
 """
 from __future__ import annotations
 
@@ -115,3 +116,22 @@ def cache_speed(s: plan.Sizes, model_dir: Path, *, deadline_at: float) -> dict:
         k = max(2, n // 4) if name == "embed-template" else n
         out += [asdict(r) for r in bench(runner, workload_batches(name, runner, n=k + 1, seed=0), workload=name)]
     return {"rows": out, "skipped": skipped}
+
+
+def launches(s: plan.Sizes, model_dir: Path) -> dict:
+    """benchmarks.launch_count in the forward's dtype: the paper-shaped batch (radix off and
+    compact) and one short request (what bounds its latency floor)."""
+    from benchmarks import launch_count
+
+    cuda = s.device.startswith("cuda")
+    shapes = {"batch": (s.batch, s.prefixes[-1], s.suffix), "short": (1, 0, 16)}
+    rows = []
+    for name, (seqs, prefix, suffix) in shapes.items():
+        res = launch_count.run(str(model_dir), device=s.device, dtype=s.dtype,
+                               modes=["off", "compact"] if name == "batch" else ["compact"],
+                               sequences=seqs, prefix=prefix, suffix=suffix)
+        for mode, c in res["modes"].items():
+            rows.append({"shape": name, "mode": mode, "unit": c["unit"], "tokens": c["tokens"],
+                         "per_layer": c["per_layer"]["median"], "outside": c["outside_layers"], "total": c["total"],
+                         "layer0": c["commonest_in_layer0"][:8]})
+    return {"cuda": cuda, "rows": rows}

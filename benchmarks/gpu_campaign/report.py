@@ -82,6 +82,12 @@ def _other_tables(records: list[dict]) -> list[str]:
             md += ["", "| dtype | mode | rel err vs transformers fp32 | transformers' own | ok |", "|---|---|---|---|---|"]
             md += [f"| {row['dtype']} | {row['mode']} | {row['rel_err']:.2e} | {row['transformers_rel_err']:.2e} | "
                    f"{row['ok']} |" for row in x["rows"]]
+        elif k == "launches":
+            md += ["", "| shape | mode | tokens | unit | per layer | outside layers | forward | commonest in a layer |",
+                   "|---|---|---|---|---|---|---|---|"]
+            md += [f"| {row['shape']} | {row['mode']} | {row['tokens']} | {row['unit']} | {row['per_layer']} | "
+                   f"{row['outside']} | {row['total']} | " + ", ".join(f"{n} x{c}" for n, c in row["layer0"]) + " |"
+                   for row in x["rows"]]
         elif k == "cache":
             md += ["", "| workload | config | rows/batch | p50 ms | tokens/s |", "|---|---|---|---|---|"]
             md += [f"| {row['workload']} | {row['config']} | {row['rows']:.0f} | {row['p50_ms']:.1f} | "

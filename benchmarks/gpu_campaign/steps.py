@@ -89,6 +89,8 @@ def run(kind: str, a: dict) -> dict:
         return checks.exactness(s, model_dir(s, a["role"]), deadline_at=deadline_at)
     if kind == "cache":
         return checks.cache_speed(s, model_dir(s, a["role"]), deadline_at=deadline_at)
+    if kind == "launches":
+        return checks.launches(s, model_dir(s, a["role"]))
     raise ValueError(f"unknown step kind {kind!r}")
 
 
