@@ -177,6 +177,7 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
+        self._qk_weight: tuple[tuple, Tensor] | None = None  # (parameters' identity, [H+Hkv, D])
         self.scale = hd ** -0.5 if scale is None else scale
         self.radix = RadixAttention(ops, layer_idx, self.scale, softcap=softcap, window=window)
 
@@ -185,14 +186,28 @@ class Attention(nn.Module):
         """The shared backend and gathers (benchmarks swap the backend on it)."""
         return self.radix.ops
 
+    def qk_norm_weight(self) -> Tensor:
+        """The q and k norms' weights, one row per head: [H+Hkv, D].
+
+        Built once and reused, so a forward does not concatenate them in every layer (a kernel
+        launch each on a GPU); built again when either parameter is replaced, moved or written
+        in place (its version counter), and never cached while autograd tracks the weights.
+        """
+        qw, kw = self.q_norm.weight, self.k_norm.weight
+        if torch.is_grad_enabled() and (qw.requires_grad or kw.requires_grad):
+            return torch.cat((qw.expand(self.heads, -1), kw.expand(self.kv_heads, -1)))
+        key = (qw.data_ptr(), kw.data_ptr(), qw.dtype, qw.device, qw._version, kw._version)
+        if self._qk_weight is None or self._qk_weight[0] != key:
+            weight = torch.cat((qw.detach().expand(self.heads, -1), kw.detach().expand(self.kv_heads, -1)))
+            self._qk_weight = (key, weight)
+        return self._qk_weight[1]
+
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], batch: ForwardBatch) -> Tensor:
         t, h = x.shape[0], self.heads
         qkv = self.qkv_proj(x).view(t, h + 2 * self.kv_heads, self.head_dim)  # [T, H+2Hkv, D]
         qk, v = qkv[:, :h + self.kv_heads], qkv[:, h + self.kv_heads:]  # views [T, H+Hkv, D], [T, Hkv, D]
         if self.qk_norm:  # q and k normalised together: one norm, per-head weights [H+Hkv, D]
-            weight = torch.cat((self.q_norm.weight.expand(h, -1),
-                                self.k_norm.weight.expand(self.kv_heads, -1)))
-            qk = rms_norm(qk, weight, self.q_norm.eps)
+            qk = rms_norm(qk, self.qk_norm_weight(), self.q_norm.eps)
         qk = apply_rotary(qk, *rope)  # [T, H+Hkv, D], q and k rotated together
         q, k = qk[:, :h], qk[:, h:]  # row-strided views; the gathers and backends take them
         o = self.attend(q, k, v, batch)  # [T, H, D]

@@ -23,3 +23,23 @@ def test_counts_follow_depth(fixture_root, tiny_embedding_dir):
         assert d["commonest_in_layer0"] and all(n.startswith("aten::") for n, _ in d["commonest_in_layer0"])
     # the compact path's gathers and attention runs are more ops than radix off's one causal call
     assert deep["modes"]["compact"]["per_layer"]["median"] != deep["modes"]["off"]["per_layer"]["median"]
+
+
+def test_qk_norm_weight_built_once_and_rebuilt_when_written(tiny_embedding_dir):
+    """The q/k norms' per-head weights are concatenated once per forward pass set, not per layer
+    call, and follow an in-place write (what a reload does) instead of going stale."""
+    import torch
+
+    from models.runner import load_runner
+
+    attn = load_runner(str(tiny_embedding_dir), device="cpu", prefix_cache_size=0).model.layers[0].self_attn
+    expect = lambda: torch.cat((attn.q_norm.weight.expand(attn.heads, -1),  # noqa: E731
+                                attn.k_norm.weight.expand(attn.kv_heads, -1)))
+    with torch.inference_mode():
+        first = attn.qk_norm_weight()
+        assert attn.qk_norm_weight() is first and torch.equal(first, expect())
+    with torch.no_grad():
+        attn.k_norm.weight.mul_(3.0)
+    with torch.inference_mode():
+        again = attn.qk_norm_weight()
+        assert again is not first and torch.equal(again, expect())
