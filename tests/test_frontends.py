@@ -58,6 +58,15 @@ def _wait_gone(pids: list[int], timeout: float = 120.0) -> None:
         time.sleep(0.1)
 
 
+def _serving(url: str, count: int = 2) -> None:
+    """Until every front end answers: each listens once its server runs, the first may be alone."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + 300  # catches a hang only
+    while len(seen) < count:
+        assert time.monotonic() < deadline, f"front ends serving: {seen}"
+        seen.add(httpx.get(url + "/health", timeout=30).headers["x-radixserve-frontend"])
+
+
 def _counter(text: str, name: str, method: str) -> float:
     m = re.search(rf'^{name}{{method="{method}"}} (\S+)$', text, flags=re.M)
     return float(m.group(1)) if m else 0.0
@@ -67,6 +76,7 @@ def _counter(text: str, name: str, method: str) -> float:
 def embed_pair(tiny_embedding_dir):
     """(the two-front-end server, the single-process server), both with the API key."""
     multi = Proc(tiny_embedding_dir, "--api-server-count", "2", "--api-key", KEY)
+    _serving(multi.url)
     single = serve(tiny_embedding_dir, api_key=KEY, max_batch_tokens=512)
     try:
         yield multi, single
@@ -166,6 +176,7 @@ def test_a_killed_engine_takes_the_front_ends_down(embed_pair):
 def test_rerank_equals_single_process_and_sigterm_drains(tiny_reranker_dir):
     multi = Proc(tiny_reranker_dir, "--api-server-count", "2", fault="slow_forward=0.5")
     try:
+        _serving(multi.url)
         body = {"query": "what is a prefix?", "texts": TEXTS}
         single = serve(tiny_reranker_dir, max_batch_tokens=512)
         try:
@@ -203,6 +214,7 @@ def test_rerank_equals_single_process_and_sigterm_drains(tiny_reranker_dir):
 def test_a_killed_front_end_stops_the_server_non_zero(tiny_embedding_dir):
     multi = Proc(tiny_embedding_dir, "--api-server-count", "2")
     try:
+        _serving(multi.url)
         frontends = _children(multi.proc.pid)
         assert len(frontends) == 2
         os.kill(frontends[0], signal.SIGKILL)

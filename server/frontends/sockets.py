@@ -4,7 +4,9 @@ Each front end gets a listening socket of its own on --hostname/--port, so Linux
 connections over the front ends by a hash of the client's address and port (no shared accept
 queue, no thundering herd); a front end's queue is its own. The engine binds them all before it
 starts any front end, so a taken port or a bad address fails the start once, and port 0 binds
-the first on a free port and the others on the same one. --uds-path is one shared socket.
+the first on a free port and the others on the same one. Each front end listens (its event loop
+does, when its server starts), so the kernel sends a front end connections only once it serves:
+none wait in the queue of one still starting. --uds-path is one shared socket, listening at once.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import stat
 
 def bind_api(*, hostname: str, port: int, count: int, uds_path: str | None) -> tuple[list[socket.socket],
                                                                                    socket.socket | None]:
-    """``count`` TCP listeners on one port, and the unix socket when asked."""
+    """``count`` TCP sockets bound to one port (not listening yet), and the unix socket when asked."""
     if not hasattr(socket, "SO_REUSEPORT"):
         raise OSError("--api-server-count above 1 needs SO_REUSEPORT (Linux, BSD, macOS)")
     family = socket.AF_INET6 if ":" in hostname else socket.AF_INET
@@ -29,7 +31,6 @@ def bind_api(*, hostname: str, port: int, count: int, uds_path: str | None) -> t
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((hostname, port))
             port = sock.getsockname()[1]  # port 0: the others join the one the first got
-            sock.listen(2048)
         return tcp, _bind_uds(uds_path) if uds_path else None
     except BaseException:
         for sock in tcp:
