@@ -174,7 +174,7 @@ class Engine:
         if not self.stopping:
             log.error("front end %d (pid %d) exited with status %d: stopping the server (exit status %d); "
                       "its supervisor restarts it", fe.index, fe.proc.pid, code, EXIT_WORKER_DEAD)
-            self.stop(f"front end {fe.index} exited", exit_code=EXIT_WORKER_DEAD)
+            self.stop(f"front end {fe.index} exited", exit_code=EXIT_WORKER_DEAD, signal_frontends=True)
         else:
             log.info("front end %d (pid %d) exited with status %d", fe.index, fe.proc.pid, code)
 
@@ -246,7 +246,7 @@ class Engine:
             return
         self.stopping = True
         log.warning("stopping (%s): the front ends finish their requests, then the engine stops", reason)
-        if signal_frontends or exit_code:
+        if signal_frontends:  # not after a dead worker: the front ends drain on the "dead" message
             self._signal_all(signal.SIGTERM)
         asyncio.get_running_loop().create_task(self._finish())
 
