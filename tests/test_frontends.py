@@ -73,9 +73,14 @@ def _counter(text: str, name: str, method: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def embed_pair(tiny_embedding_dir):
-    """(the two-front-end server, the single-process server), both with the API key."""
-    multi = Proc(tiny_embedding_dir, "--api-server-count", "2", "--api-key", KEY)
+def uds_path(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("uds") / "radixserve.sock")
+
+
+@pytest.fixture(scope="module")
+def embed_pair(tiny_embedding_dir, uds_path):
+    """(the two-front-end server, also on a unix socket, the single-process server), both with the API key."""
+    multi = Proc(tiny_embedding_dir, "--api-server-count", "2", "--api-key", KEY, "--uds-path", uds_path)
     _serving(multi.url)
     single = serve(tiny_embedding_dir, api_key=KEY, max_batch_tokens=512)
     try:
@@ -120,7 +125,7 @@ def test_requests_land_on_both_front_ends_and_metrics_sum_them(embed_pair):
     assert len(batches) == 1 and batches[0] >= len(served)
 
 
-def test_auth_request_ids_and_info(embed_pair):
+def test_auth_request_ids_and_info(embed_pair, uds_path):
     multi, single = embed_pair
     body = {"inputs": "hello"}
     assert httpx.post(multi.url + "/embed", json=body, timeout=60).status_code == 401
@@ -137,6 +142,15 @@ def test_auth_request_ids_and_info(embed_pair):
               "model_type", "head", "routes", "max_concurrent_requests", "max_input_length", "max_batch_tokens",
               "max_client_batch_size", "radix_mlp_threshold", "radix_attention", "batching_policy", "version")
     assert {k: info[k] for k in stable} == {k: one[k] for k in stable}  # the rest is measured at each load
+    deadline = time.monotonic() + 120  # catches a hang only: the engine sends its stages once warm
+    while "total" not in info["startup"]:
+        assert time.monotonic() < deadline, info["startup"]
+        time.sleep(0.1)
+        info = httpx.get(multi.url + "/info", timeout=60).json()
+    assert "warm-up" in info["startup"]
+    with httpx.Client(transport=httpx.HTTPTransport(uds=uds_path)) as c:  # one socket both front ends accept on
+        r = c.post("http://radixserve/embed", json=body, headers=AUTH, timeout=60)
+        assert r.status_code == 200 and r.headers["x-radixserve-frontend"] in ("0", "1")
 
 
 def test_cache_salt_namespaces_hold_across_processes(embed_pair):

@@ -96,6 +96,7 @@ class Engine:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal, sig)
         metrics_server = await self._serve_side(side) if side is not None else None
+        loop.create_task(self._send_startup())
         log.info("engine (pid %d) serving through %d front ends on %s:%d; --max-concurrent-requests %d per front "
                  "end, %d in all", os.getpid(), len(self.frontends), config.hostname, port,
                  config.max_concurrent_requests, config.max_concurrent_requests * len(self.frontends))
@@ -103,7 +104,20 @@ class Engine:
         if metrics_server is not None:
             metrics_server.force_exit = True
             await metrics_server.shutdown()
+        if config.uds_path and os.path.exists(config.uds_path):
+            os.unlink(config.uds_path)
         return self.exit_code
+
+    async def _send_startup(self) -> None:
+        """/info's ``startup`` in the front ends: the engine's stages once the warm-up has ended."""
+        seconds = getattr(getattr(self.runner, "startup", None), "seconds", None)
+        if seconds is None:
+            return
+        while "total" not in seconds and not self.stopping:
+            await asyncio.sleep(0.2)
+        for fe in self.frontends:
+            if not fe.gone:
+                fe.writer.write(wire.frame(("startup", dict(seconds))))
 
     async def _spawn(self, index: int, sock: socket.socket, uds: socket.socket | None, view: RunnerView) -> FrontEnd:
         mine, theirs = socket.socketpair()

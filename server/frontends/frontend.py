@@ -72,6 +72,7 @@ def main(argv: list[str]) -> int:
 
     setup_logging(json_output=config.json_output)
     remote = RemoteScheduler(ipc, metrics=Metrics(), engine_alive=hello["alive"])
+    remote.startup = view.startup_seconds  # the dict /info answers, updated in place
     app = create_app(config, runner=view, scheduler=remote)
     lifecycle = app.state.lifecycle
     remote.on_death = lifecycle.worker_died

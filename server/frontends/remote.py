@@ -31,6 +31,7 @@ class RemoteScheduler:
     def __init__(self, sock: socket.socket, *, metrics: Metrics, engine_alive: bool) -> None:
         self.metrics: Metrics | None = metrics  # this front end's own series
         self.on_death: Callable[[BaseException], None] | None = None
+        self.startup: dict = {}  # /info's live ``startup`` (the view's): the engine's stages, sent once warm
         self._own = metrics
         self._sock = sock
         self._engine_alive = engine_alive
@@ -129,6 +130,8 @@ class RemoteScheduler:
         elif kind == "collect":
             assert self._writer is not None
             self._writer.write(wire.frame(("collected", msg[1], list(self._own.registry.collect()))))
+        elif kind == "startup":
+            self.startup.update(msg[1])
         elif kind == "dead":
             self._died(msg[1], closed=False)
         else:

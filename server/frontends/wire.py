@@ -10,7 +10,7 @@ Messages are tuples whose first element names them:
   ``("cancel", sid)``, ``("scrape", sid)``, ``("collected", cid, families)``;
 - engine -> front end: ``("hello", dict)`` (first), ``("result", sid, outputs, queue_s,
   inference_s, compute_tokens)``, ``("error", sid, "batch" | "dead", message)``,
-  ``("scraped", sid, families)``, ``("collect", cid)``, ``("dead", reason)``.
+  ``("scraped", sid, families)``, ``("collect", cid)``, ``("startup", seconds)``, ``("dead", reason)``.
 """
 from __future__ import annotations
 
