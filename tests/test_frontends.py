@@ -5,7 +5,7 @@ The answers equal the single-process ones (embeddings on /embed and /v1/embeddin
 requests land on both front ends (``x-radixserve-frontend``) and one /metrics scrape counts them
 all; auth, request ids and cache_salt namespaces hold across the processes; SIGTERM drains an
 in-flight request and exits 0; a killed engine takes the front ends down (never a 200 /health
-after it), and a killed front end stops the server with ``EXIT_WORKER_DEAD``.
+after it), and a killed front end or a dead model worker stops the server with ``EXIT_WORKER_DEAD``.
 """
 from __future__ import annotations
 
@@ -238,4 +238,22 @@ def test_a_killed_front_end_stops_the_server_non_zero(tiny_embedding_dir):
             multi.proc.kill()
     assert code == EXIT_WORKER_DEAD, out
     assert re.search(rf"front end \d \(pid {frontends[0]}\) exited with status -9", out), out
+    _wait_gone(frontends)
+
+
+def test_a_dead_model_worker_drains_the_front_ends_and_exits_non_zero(tiny_embedding_dir):
+    multi = Proc(tiny_embedding_dir, "--api-server-count", "2", fault="die_on_forward=2")
+    try:
+        _serving(multi.url)
+        ok = httpx.post(multi.url + "/embed", json={"inputs": "fine"}, timeout=60)
+        dead = httpx.post(multi.url + "/embed", json={"inputs": "fatal"}, timeout=60)
+        frontends = _children(multi.proc.pid)
+        code, out = multi.wait(timeout=120)
+    finally:
+        if multi.proc.poll() is None:
+            multi.proc.kill()
+    assert ok.status_code == 200
+    assert dead.status_code == 503 and dead.json()["error_type"] == "Unhealthy"
+    assert code == EXIT_WORKER_DEAD, out
+    assert out.count("draining (the model worker died)") == 2 and "second SIGTERM" not in out, out
     _wait_gone(frontends)
