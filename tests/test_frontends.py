@@ -29,6 +29,46 @@ AUTH = {"authorization": f"Bearer {KEY}"}
 TEXTS = ["the first text", "a second, longer text about prefixes", "third"]
 
 
+def test_wire_round_trips_token_ids():
+    from server.frontends import wire
+
+    items = [[5, 6, 7], [1], list(range(300))]
+    flat, offsets = wire.pack_items(items)
+    assert flat.dtype == np.int32 and offsets.tolist() == [0, 3, 4, 304]
+    assert wire.unpack_items(flat, offsets) == items
+
+
+def test_merged_metrics_sum_every_process():
+    from scheduler.metrics import Metrics
+    from server.frontends import metrics_merge
+
+    a, b, engine = Metrics(), Metrics(), Metrics()
+    a.request_count.labels(method="embed").inc(3)
+    b.request_count.labels(method="embed").inc(4)
+    b.request_count.labels(method="rerank").inc()
+    a.request_duration.observe(0.002)
+    b.request_duration.observe(0.2)
+    engine.batch_next_size.observe(8)
+    engine.queue_size.set(5)
+    text = metrics_merge.exposition(metrics_merge.merge(
+        [list(m.registry.collect()) for m in (engine, a, b)])).decode()
+    assert _counter(text, "te_request_count", "embed") == 7 and _counter(text, "te_request_count", "rerank") == 1
+    assert "# TYPE te_request_count counter" in text
+    assert re.search(r"^te_request_duration_count 2\.0$", text, flags=re.M)
+    assert re.search(r'^te_request_duration_bucket\{le="0\.0025"\} 1\.0$', text, flags=re.M)
+    assert re.search(r"^te_batch_next_size_count 1\.0$", text, flags=re.M)
+    assert re.search(r"^te_queue_size 5\.0$", text, flags=re.M)
+
+
+def test_host_normalization_equals_the_models():
+    from models import pooling
+    from server.service.results import l2_normalize
+
+    x = np.random.default_rng(0).standard_normal((4, 64)).astype(np.float32)
+    for d in (None, 1, 17, 64):
+        assert np.array_equal(l2_normalize(x, d), pooling.normalize(x, d))
+
+
 def _children(pid: int) -> list[int]:
     """The front ends: processes whose parent is the engine."""
     found = []
