@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from server.http.lifecycle import EXIT_WORKER_DEAD
-from tests.serving import serve
+from tests.serving import free_port, serve
 from tests.test_server_lifecycle import Proc
 
 KEY = "frontends-test-key"
@@ -118,9 +118,16 @@ def uds_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def embed_pair(tiny_embedding_dir, uds_path):
-    """(the two-front-end server, also on a unix socket, the single-process server), both with the API key."""
-    multi = Proc(tiny_embedding_dir, "--api-server-count", "2", "--api-key", KEY, "--uds-path", uds_path)
+def prometheus_port():
+    return free_port()
+
+
+@pytest.fixture(scope="module")
+def embed_pair(tiny_embedding_dir, uds_path, prometheus_port):
+    """(the two-front-end server, also on a unix socket and a --prometheus-port, the single-process
+    server), both with the API key."""
+    multi = Proc(tiny_embedding_dir, "--api-server-count", "2", "--api-key", KEY, "--uds-path", uds_path,
+                 "--prometheus-port", str(prometheus_port))
     _serving(multi.url)
     single = serve(tiny_embedding_dir, api_key=KEY, max_batch_tokens=512)
     try:
@@ -148,7 +155,7 @@ def test_embeddings_equal_the_single_process_server(embed_pair):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_requests_land_on_both_front_ends_and_metrics_sum_them(embed_pair):
+def test_requests_land_on_both_front_ends_and_metrics_sum_them(embed_pair, prometheus_port):
     multi, _ = embed_pair
     before = httpx.get(multi.url + "/metrics", timeout=60).text
     served = []
@@ -163,6 +170,9 @@ def test_requests_land_on_both_front_ends_and_metrics_sum_them(embed_pair):
     # the engine's series are in the same scrape: one batch or more per request
     batches = [float(m) for m in re.findall(r"^te_batch_next_size_count (\S+)$", after, flags=re.M)]
     assert len(batches) == 1 and batches[0] >= len(served)
+    side = httpx.get(f"http://127.0.0.1:{prometheus_port}/metrics", timeout=60).text  # the engine serves it
+    assert _counter(side, "te_request_count", "embed") == _counter(after, "te_request_count", "embed")
+    assert httpx.get(f"http://127.0.0.1:{prometheus_port}/health", timeout=60).status_code == 200
 
 
 def test_auth_request_ids_and_info(embed_pair, uds_path):

@@ -285,7 +285,10 @@ class Engine:
 
 
 class _Latest:
-    families: list = []
+    """The families the last scrape gathered (the side server's registry renders them)."""
+
+    def __init__(self) -> None:
+        self.families: list = []
 
 
 def _registry_of(holder: _Latest):
