@@ -1,7 +1,7 @@
 """The host ceiling: the real server with a zero-cost forward, so what is measured is everything else.
 
     python -m benchmarks.host_ceiling [--loads embed-template rerank one-input] [--duration 8]
-        [--requests N] [--cache default 0] [--rounds 2] [--json]
+        [--requests N] [--cache default 0] [--api-servers 1 2] [--rounds 2] [--json]
 
 Each server is the real CLI (``server.cli.main``: HTTP stack, JSON, tokenization, scheduler,
 trie, prefix cache plan and commit) in a subprocess, on the tiny fixtures, with the runner's
@@ -10,8 +10,9 @@ other part of ``Runner.run`` does. The loads are the load tester's own (``loadte
 ``loadtest.client``): ``embed-template`` (64 templated pairs per /v1/embeddings request, ~9.2k
 tokens), ``rerank`` (one query with 100 passages per /rerank request) and ``one-input`` (one query
 per /embed request), closed loop at ``--concurrency``. One server per fixture and ``--cache``
-setting is started up front; the settings then alternate load by load, round by round, so the
-figures sit side by side under the same machine load.
+setting (and ``--api-servers`` count: the server's ``--api-server-count``) is started up front; the
+settings then alternate load by load, round by round, so the figures sit side by side under the
+same machine load.
 
 Printed per load and cache setting: wall input tokens/s and items/s, the server process's
 CPU-seconds per 1M input tokens, whole and per thread (``loop``: the event loop, ``tokenizer``:
@@ -20,7 +21,10 @@ such as the tokenizers' and torch's own, which run without the GIL; ``other``: t
 that ended included), and the worker thread's CPU time per batch outside the forward (a small
 batch at an idle pipeline runs on the prep thread instead: ``worker batches`` counts the others). Per-thread CPU time is read in the
 server process through an opt-in hook (``--serve-child``, answering "stats" on stdin) from each
-thread's CPU clock (``time.pthread_getcpuclockid``). Nothing is asserted; the figures are in
+thread's CPU clock (``time.pthread_getcpuclockid``). With front-end processes (``--api-servers``
+above 1) the threads are the engine's; each front end's CPU time is read from /proc (its
+utime + stime) and reported per process (``frontends``: their sum, ``each``: per front end), and
+``all`` is the engine's plus theirs. Nothing is asserted; the figures are in
 docs/performance.md, "Host path".
 """
 from __future__ import annotations
@@ -145,13 +149,17 @@ def serve_child(argv: list[str]) -> int:
 class Server:
     """One child server: ``stats()`` asks it for its CPU clocks."""
 
-    def __init__(self, preset: str, cache: str, port: int, extra: list[str], *, log: bool = False) -> None:
+    def __init__(self, preset: str, cache: str, port: int, extra: list[str], *, log: bool = False,
+                 api_servers: int = 1) -> None:
         import fixtures
 
         model = str(fixtures.cached(preset))
-        self.name, self.url = f"{preset} cache={cache}", f"http://127.0.0.1:{port}"
+        self.name, self.url = f"{preset} cache={cache} api-servers={api_servers}", f"http://127.0.0.1:{port}"
+        self.api_servers = api_servers
         argv = ["--model-id", model, "--hostname", "127.0.0.1", "--port", str(port),
                 "--prefix-cache-size", cache, *extra]
+        if api_servers > 1:
+            argv += ["--api-server-count", str(api_servers)]
         self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.host_ceiling", "--serve-child", *argv],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      stderr=None if log else subprocess.DEVNULL)
@@ -160,6 +168,13 @@ class Server:
         from loadtest.client import wait_healthy
 
         wait_healthy(self.url, timeout=300.0, alive=lambda: self.proc.poll() is None)
+        if self.api_servers > 1:  # until every front end serves (a new connection lands on any)
+            import httpx
+
+            seen: set[str] = set()
+            deadline = time.monotonic() + 300.0
+            while len(seen) < self.api_servers and time.monotonic() < deadline:
+                seen.add(httpx.get(self.url + "/health", timeout=30).headers.get("x-radixserve-frontend", ""))
 
     def stats(self) -> dict:
         assert self.proc.stdin is not None and self.proc.stdout is not None
@@ -167,7 +182,7 @@ class Server:
         self.proc.stdin.flush()
         for line in self.proc.stdout:
             if line.startswith(PREFIX):
-                return json.loads(line[len(PREFIX):])
+                return {**json.loads(line[len(PREFIX):]), "frontends_cpu_s": children_cpu_s(self.proc.pid)}
         raise RuntimeError(f"{self.name} exited (status {self.proc.wait()})")
 
     def stop(self) -> None:
@@ -177,6 +192,22 @@ class Server:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+
+
+def children_cpu_s(pid: int) -> dict[str, float]:
+    """CPU seconds (utime + stime, every thread) of each child process of ``pid``: the front ends."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out[entry] = (int(fields[11]) + int(fields[12])) * TICK_S
+    return out
 
 
 def free_port() -> int:
@@ -203,6 +234,8 @@ def figures(before: dict, after: dict, *, tokens: float, items: int, wall_s: flo
     on_worker = after["worker_forwards"] - before["worker_forwards"]
     forward_cpu = after["worker_forward_cpu_s"] - before["worker_forward_cpu_s"]
     per_m = 1e6 / tokens if tokens else float("nan")
+    fronts = {pid: cpu - before.get("frontends_cpu_s", {}).get(pid, 0.0)
+              for pid, cpu in after.get("frontends_cpu_s", {}).items()}
     return {
         "tokens": int(tokens), "items": items, "wall_s": round(wall_s, 4),
         "tokens_per_s": round(tokens / wall_s), "items_per_s": round(items / wall_s, 1),
@@ -212,6 +245,9 @@ def figures(before: dict, after: dict, *, tokens: float, items: int, wall_s: flo
         "worker_batches": on_worker,
         "worker_non_forward_ms_per_batch": round((per_group["worker"] - forward_cpu) / on_worker * 1e3, 3)
         if on_worker else None,
+        "frontends_cpu_s_per_1m_tokens": round(sum(fronts.values()) * per_m, 3),
+        "frontends_cpu_s_per_1m_tokens_each": [round(v * per_m, 3) for _, v in sorted(fronts.items())],
+        "all_cpu_s_per_1m_tokens": round((total + sum(fronts.values())) * per_m, 3),
     }
 
 
@@ -256,52 +292,64 @@ def merge(runs: list[dict]) -> dict:
                                                      for x, r in zip(bw, runs) if x), 3)
         if on_worker else None,
         "errors": errors, "rounds": len(runs), "repeated": any(r["repeated"] for r in runs),
+        **{k: round(sum(x * r[k] for x, r in zip(w, runs)), 3)
+           for k in ("frontends_cpu_s_per_1m_tokens", "all_cpu_s_per_1m_tokens")},
+        "frontends_cpu_s_per_1m_tokens_each": [round(sum(x * r["frontends_cpu_s_per_1m_tokens_each"][i]
+                                                         for x, r in zip(w, runs)), 3)
+                                               for i in range(min(len(r["frontends_cpu_s_per_1m_tokens_each"])
+                                                                  for r in runs))],
     }
 
 
 def host_ceiling(loads: list[str], caches: list[str], *, rounds: int = 2, duration: float | None = 8.0,
                  requests: int | None = None, concurrency: int = 8, queries: int | None = None,
-                 extra: list[str] | None = None, log: bool = False) -> list[dict]:
-    """One row per (load, cache setting): the figures of ``figures``, summed over the rounds."""
-    servers: dict[tuple[str, str], Server] = {}
+                 extra: list[str] | None = None, log: bool = False, api_servers: tuple[int, ...] = (1,)) -> list[dict]:
+    """One row per (load, cache setting, front-end count): the figures of ``figures``, summed over
+    the rounds."""
+    arms = [(cache, n) for cache in caches for n in api_servers]
+    servers: dict[tuple[str, tuple[str, int]], Server] = {}
     try:
         for preset in dict.fromkeys(LOADS[name].preset for name in loads):
-            for cache in caches:
-                servers[(preset, cache)] = Server(preset, cache, free_port(), list(extra or []), log=log)
+            for cache, n in arms:
+                servers[(preset, (cache, n))] = Server(preset, cache, free_port(), list(extra or []), log=log,
+                                                       api_servers=n)
         for s in servers.values():
             s.wait()
         seconds = duration if duration is not None else max(1.0, (requests or 0) / 10)
         reqs = {name: requests_of(LOADS[name], queries or int(LOADS[name].queries_per_s * seconds * rounds))
                 for name in loads}
-        got: dict[tuple[str, str], list[dict]] = {(n, c): [] for n in loads for c in caches}
+        got: dict[tuple[str, tuple[str, int]], list[dict]] = {(n, a): [] for n in loads for a in arms}
         sent = dict.fromkeys(got, 0)  # each server walks its own way through the list: no request twice
         for r in range(rounds):
             for name in loads:
-                order = caches if r % 2 == 0 else caches[::-1]  # who goes first alternates
-                for cache in order:
-                    rest = reqs[name][sent[(name, cache)]:]
-                    row = measure(servers[(LOADS[name].preset, cache)], rest if len(rest) > 2 else reqs[name],
+                order = arms if r % 2 == 0 else arms[::-1]  # who goes first alternates
+                for arm in order:
+                    rest = reqs[name][sent[(name, arm)]:]
+                    row = measure(servers[(LOADS[name].preset, arm)], rest if len(rest) > 2 else reqs[name],
                                   concurrency=concurrency, duration=duration, requests=requests)
-                    sent[(name, cache)] += row.pop("sent")
-                    got[(name, cache)].append(row)
+                    sent[(name, arm)] += row.pop("sent")
+                    got[(name, arm)].append(row)
     finally:
         for s in servers.values():
             s.stop()
-    return [{"load": n, "prefix_cache_size": c, **merge(runs)} for (n, c), runs in got.items()]
+    return [{"load": n, "prefix_cache_size": c, "api_server_count": k, **merge(runs)}
+            for (n, (c, k)), runs in got.items()]
 
 
 def table(rows: list[dict]) -> str:
-    head = ["load", "cache", "tok/s", "items/s", "batches", "tok/batch", "CPU-s/1M", *GROUPS,
-            "worker batches", "worker ms/batch"]
+    head = ["load", "cache", "api servers", "tok/s", "items/s", "batches", "tok/batch", "CPU-s/1M", *GROUPS,
+            "worker batches", "worker ms/batch", "frontends CPU-s/1M (each)", "all CPU-s/1M"]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
         if r["repeated"]:
             lines.append(f"(the {r['load']} list ran out and repeated: --queries more)")
         by = r["cpu_s_per_1m_tokens_by_thread"]
         lines.append(" | ".join(str(x) for x in [
-            r["load"], r["prefix_cache_size"], r["tokens_per_s"], r["items_per_s"], r["batches"],
-            r["tokens_per_batch"], r["cpu_s_per_1m_tokens"], *(by[g] for g in GROUPS),
-            r["worker_batches"], r["worker_non_forward_ms_per_batch"]]))
+            r["load"], r["prefix_cache_size"], r["api_server_count"], r["tokens_per_s"], r["items_per_s"],
+            r["batches"], r["tokens_per_batch"], r["cpu_s_per_1m_tokens"], *(by[g] for g in GROUPS),
+            r["worker_batches"], r["worker_non_forward_ms_per_batch"],
+            f"{r['frontends_cpu_s_per_1m_tokens']} ({', '.join(map(str, r['frontends_cpu_s_per_1m_tokens_each']))})",
+            r["all_cpu_s_per_1m_tokens"]]))
     return "\n".join(lines)
 
 
@@ -313,6 +361,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--loads", nargs="+", choices=sorted(LOADS), default=list(LOADS))
     ap.add_argument("--cache", nargs="+", default=["default", "0"], metavar="SIZE",
                     help="--prefix-cache-size of each server, alternated ('default': the server's default)")
+    ap.add_argument("--api-servers", nargs="+", type=int, default=[1], metavar="N",
+                    help="--api-server-count of each server, alternated (1: one process; N: N front ends and the engine)")
     ap.add_argument("--rounds", type=int, default=2, help="measured runs per load and cache setting")
     ap.add_argument("--duration", type=float, default=8.0, help="seconds per measured run")
     ap.add_argument("--requests", type=int, default=None, help="requests per measured run (instead of --duration)")
@@ -329,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     caches = [ServerConfig.prefix_cache_size if c == "default" else c for c in a.cache]
     rows = host_ceiling(a.loads, caches, rounds=a.rounds, duration=None if a.requests else a.duration,
                         requests=a.requests, concurrency=a.concurrency, queries=a.queries,
-                        extra=a.server_arg, log=a.log)
+                        extra=a.server_arg, log=a.log, api_servers=tuple(a.api_servers))
     print("\n".join(json.dumps(r) for r in rows) if a.json else table(rows))
     return 0
 

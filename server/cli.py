@@ -176,6 +176,19 @@ def metrics_listener(config: ServerConfig, app) -> list:
         healthy=lambda: service.scheduler.alive and not app.state.lifecycle.draining)]
 
 
+def serve_engine(config: ServerConfig, runner) -> int:
+    """--api-server-count above 1: this process runs the model behind N front ends, then exits."""
+    from server.frontends.engine import serve
+
+    freeze_startup_objects()
+    code = serve(config, runner)
+    log.info("exiting with status %d", code)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # as below: no interpreter finalization of the loaded model
+
+
 BATCH_COMMANDS = ("batch", "run-batch")  # `radixserve batch ...` (vLLM: `vllm run-batch ...`)
 
 
@@ -206,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         runner = load_runner(config)
         config.check_kind(runner.kind)
+        if config.api_server_count > 1:  # front-end processes before this one: server/frontends
+            return serve_engine(config, runner)
         app = create_app(config, runner=runner)
         sockets = listener.bind_sockets(hostname=config.hostname, port=config.port, uds_path=config.uds_path)
         side = metrics_listener(config, app)

@@ -68,6 +68,9 @@ class ServerConfig:
                            aliases=("--host",))
     port: int = option(8080, "listen port", short="-p", minimum=0)
     uds_path: str | None = option(None, "also serve the HTTP API on this unix domain socket")
+    api_server_count: int = option(
+        1, "processes serving the HTTP API (vLLM's flag): above 1, this many front-end processes parse, validate, "
+           "tokenize and render, and hand token ids to this process, which runs the model", minimum=1)
     device: str | None = option(None, "cuda, cuda:N or cpu (default: cuda if available)")
     dtype: str | None = option(None, "default: bfloat16 on cuda, float32 on cpu",
                                choices=("float32", "float16", "bfloat16"))

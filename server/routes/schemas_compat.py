@@ -220,6 +220,7 @@ class InfoCompat(Info):
     served_model_name: str
     auto_truncate: bool
     tokenization_workers: int
+    api_server_count: int = Field(1, description="processes serving the HTTP API (--api-server-count)")
     sha: str | None = Field(None, description="TEI's build commit; null (not recorded in this build)")
     docker_label: str | None = None
     prompts: dict[str, str] = Field(default_factory=dict, description="the model's sentence-transformers prompts")

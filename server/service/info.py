@@ -51,7 +51,8 @@ def build_info(config: ServerConfig, runner: ServedRunner, *, max_input_length: 
         "model_sha": model_sha(config.model_id, config.revision, config.huggingface_hub_cache),
         "served_model_name": config.model_name,
         "auto_truncate": config.auto_truncate,
-        "tokenization_workers": tokenization_workers,
+        "tokenization_workers": tokenization_workers,  # per front end with --api-server-count above 1
+        "api_server_count": config.api_server_count,
         "sha": None,
         "docker_label": None,
         "prompts": dict(runner.prompts or {}),

@@ -15,7 +15,6 @@ from typing import Sequence
 
 import numpy as np
 
-from models import pooling
 
 
 @dataclass(frozen=True)
@@ -69,13 +68,25 @@ def shape_vectors(pooled: Sequence, *, dimensions: int | None, normalize: bool) 
     """[B, E] pooled states -> [B, d]: truncate to ``dimensions`` first, then L2-normalize."""
     emb = np.stack([np.asarray(v, dtype=np.float32) for v in pooled])  # [B, E]
     if normalize:
-        return pooling.normalize(emb, dimensions)
+        return l2_normalize(emb, dimensions)
     return emb[:, :dimensions]
+
+
+def l2_normalize(emb: np.ndarray, dimensions: int | None = None) -> np.ndarray:
+    """Matryoshka on the host: truncate [B, E] to ``dimensions``, then L2-normalize; numpy only
+    (``models.pooling.normalize``'s numpy branch), so a front-end process never imports torch."""
+    if dimensions is not None:
+        if dimensions <= 0 or dimensions > emb.shape[-1]:
+            raise ValueError(f"dimensions must be in 1..{emb.shape[-1]}, got {dimensions}")
+        emb = emb[..., :dimensions]
+    emb = np.asarray(emb, dtype=np.float32)
+    norm = np.linalg.norm(emb, axis=-1, keepdims=True)
+    return emb / np.maximum(norm, 1e-12)
 
 
 def cosines(pooled: Sequence) -> list[float]:
     """Cosine of item 0 with each of items 1.. (pooled states, unnormalized)."""
-    emb = pooling.normalize(np.stack([np.asarray(v, dtype=np.float32) for v in pooled]))  # [1+S, E]
+    emb = l2_normalize(np.stack([np.asarray(v, dtype=np.float32) for v in pooled]))  # [1+S, E]
     return (emb[1:] @ emb[0]).tolist()
 
 
