@@ -21,14 +21,18 @@ to its 20th token by the next query, not the 16th.
 
 Cost: `plan` walks each sequence's blocks once, and a sequence reuses the blocks its predecessor in
 the batch looked up or chose to write for the leading blocks they share (found by one vectorised
-comparison of the packed ids), so a batch sharing a long instruction pays its look-ups once. A
-lease pins each block it reads once, whatever the number of its sequences through that block.
-Eviction pops the least recently used evictable leaf from `EvictionOrder` (eviction.py) without
-scanning pinned or inner blocks. `commit` is one dict insert and one sorted-list insert per block.
+comparison of the packed ids), so a batch sharing a long instruction pays its look-ups once; past
+a sequence's first new block no pending block can sit under its chain, so its deeper blocks are
+made without a look-up. A lease pins each block it reads once, whatever the number of its
+sequences through that block. Eviction pops the least recently used unpinned block from
+`EvictionOrder` (eviction.py), O(1) and always a leaf, without scanning pinned or inner blocks.
+`commit` is one dict insert, one sorted-list insert and one O(1) move in the eviction order per
+block.
 
 Invariants:
-- Chains are prefix-closed: a committed block's parent is committed. Eviction takes unpinned
-  leaves only, least recently used first; a block's last use is never later than its parent's.
+- Chains are prefix-closed: a committed block's parent is committed, and a lease pins whole
+  chains (a pinned block's parent is pinned by the same lease). Eviction takes unpinned leaves
+  only, least recently used first (eviction.py states the order exactly).
 - Look-ups see committed blocks only. A batch pins (refcount) every block it reads, and its own
   new blocks stay private (pending) until its lease is committed, after its forward succeeded;
   `abort` (a failed or dropped batch) unpins and frees them, so rows never become reachable half
