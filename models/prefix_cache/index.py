@@ -172,6 +172,9 @@ class PrefixCache:
         prev_nodes: list[_Block] = []  # the previous sequence's full blocks: committed chain, then pending
         prev_rows: list[int] = []  # first pool row of each block of its committed chain
         prev_found = 0
+        last_pk: int | bytes | None = None  # the last partial look-up: parent key, query, answer
+        last_query = b""
+        last_found: tuple[bytes | None, int] = (None, 0)
         with self._lock:
             self._publish_queued()
             self._plans += 1
@@ -209,7 +212,14 @@ class PrefixCache:
                 k = 0
                 if k_max > 0:
                     at = 4 * (a + j * blk)
-                    tokens, k = siblings.longest(pk, raw[at:at + 4 * k_max])
+                    query = raw[at:at + 4 * k_max]
+                    if pk != last_pk or query != last_query:
+                        # NOTE: the same question as the last sequence's gets its answer: during a
+                        # plan committed blocks only leave (evicted unpinned), and the one it found
+                        # is pinned, so the longest match and its tie-break are unchanged.
+                        last_pk, last_query = pk, query
+                        last_found = siblings.longest(pk, query)
+                    tokens, k = last_found
                     if tokens is not None:
                         part = index[(pk, tokens)]
                         if part.mark != mark:
