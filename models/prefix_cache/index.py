@@ -23,11 +23,12 @@ Cost: `plan` walks each sequence's blocks once, and a sequence reuses the blocks
 the batch looked up or chose to write for the leading blocks they share (found by one vectorised
 comparison of the packed ids), so a batch sharing a long instruction pays its look-ups once; past
 a sequence's first new block no pending block can sit under its chain, so its deeper blocks are
-made without a look-up. A lease pins each block it reads once, whatever the number of its
-sequences through that block. Eviction pops the least recently used unpinned block from
-`EvictionOrder` (eviction.py), O(1) and always a leaf, without scanning pinned or inner blocks.
-`commit` is one dict insert, one sorted-list insert and one O(1) move in the eviction order per
-block.
+made without a look-up, and a partial look-up asking the previous sequence's question (same
+parent, same tokens) reuses its answer. A lease pins each block it reads once, whatever the
+number of its sequences through that block. Eviction pops the least recently used unpinned block
+from `EvictionOrder` (eviction.py), O(1) and always a leaf, without scanning pinned or inner
+blocks. `commit` is one dict insert, one sorted-list insert and one O(1) move in the eviction
+order per block.
 
 Invariants:
 - Chains are prefix-closed: a committed block's parent is committed, and a lease pins whole
