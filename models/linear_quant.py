@@ -41,6 +41,15 @@ class Kernel:
         """[out, in] float32: the weight this kernel computes with."""
         raise NotImplementedError
 
+    def tensors(self) -> list[Tensor]:
+        """The plain tensors this kernel holds (its weight, scales, bias): /info's weights figure."""
+        return []
+
+    def opaque_bytes(self) -> int:
+        """Bytes it holds in a backend's own format (oneDNN-reordered or fbgemm-packed weights),
+        counted as their values: 1 per int8, 2 per bf16, 4 per float32 scale or bias."""
+        return 0
+
 
 def _row_scales(w: Tensor) -> Tensor:
     """[out] float32: symmetric per-row scales for int8 (an all-zero row gets scale 1)."""
@@ -81,6 +90,9 @@ class Int8Dynamic(Kernel):
             torch.backends.quantized.engine = previous
         # 16-bit pairwise sums saturate on uint8 x int8 without VNNI: keep 7 bits there
         self.reduce_range = not torch.cpu._is_vnni_supported()
+        out, inner = weight.shape
+        # int8 values, a float32 scale per row and the packed float32 bias
+        self._bytes = out * inner + 4 * out + (0 if bias is None else 4 * out)
 
     def __call__(self, x: Tensor) -> Tensor:
         return torch.ops.quantized.linear_dynamic(x, self.packed, self.reduce_range)
@@ -88,6 +100,9 @@ class Int8Dynamic(Kernel):
     def dense(self) -> Tensor:
         qweight, _ = torch.ops.quantized.linear_unpack(self.packed)
         return qweight.dequantize()
+
+    def opaque_bytes(self) -> int:
+        return self._bytes
 
 
 class Int8Rowwise(Kernel):
@@ -111,6 +126,9 @@ class Int8Rowwise(Kernel):
     def dense(self) -> Tensor:
         return self.qweight.float() * self.scales[:, None]
 
+    def tensors(self) -> list[Tensor]:
+        return [self.qweight, self.scales] + ([] if self.bias is None else [self.bias])
+
 
 class Bf16Packed(Kernel):
     """bf16 weights reordered once for oneDNN; bf16 inputs, float32 outputs."""
@@ -127,6 +145,12 @@ class Bf16Packed(Kernel):
     def dense(self) -> Tensor:
         return self.packed.to_dense().float()
 
+    def tensors(self) -> list[Tensor]:
+        return [] if self.bias is None else [self.bias]
+
+    def opaque_bytes(self) -> int:
+        return self.packed.numel() * self.packed.element_size()
+
 
 class Bf16Linear(Kernel):
     """bf16 weights through plain ``F.linear``; bf16 inputs, float32 outputs."""
@@ -142,6 +166,9 @@ class Bf16Linear(Kernel):
 
     def dense(self) -> Tensor:
         return self.weight.float()
+
+    def tensors(self) -> list[Tensor]:
+        return [self.weight] + ([] if self.bias is None else [self.bias])
 
 
 KERNELS: dict[str, Callable[[Tensor, Tensor | None], Kernel]] = {

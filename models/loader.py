@@ -15,6 +15,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from models.linear import Linear
+
 # What a snapshot download needs (weights, config, tokenizer, sentence-transformers files).
 ALLOW_PATTERNS = (
     "*.json",
@@ -163,19 +165,38 @@ def _to_device(param: str, parts: list[torch.Tensor], rows: tuple[int, ...] | No
 
 
 def memory_report(model: nn.Module, device: torch.device) -> dict[str, int]:
-    """Bytes of the weights (parameters and buffers) and, on CUDA, what the allocator holds.
+    """Bytes of the weights as served (`weights_bytes`) and, on CUDA, what the allocator holds.
 
-    On CUDA the allocator's cached blocks are released first, so ``reserved_bytes`` is what the
-    weights really keep; reserved well above allocated means fragments the next batch cannot use.
+    Read after the linear kernels are installed (models/linear_select.py): int8 or bf16 weights
+    count at their own size. On CUDA the allocator's cached blocks are released first, so
+    ``reserved_bytes`` is what the weights really keep; reserved well above allocated means
+    fragments the next batch cannot use.
     """
-    weights = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
-    report = {"weights_bytes": int(weights)}
+    report = {"weights_bytes": weights_bytes(model)}
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         report["allocated_bytes"] = int(torch.cuda.memory_allocated(device))
         report["reserved_bytes"] = int(torch.cuda.memory_reserved(device))
     return report
+
+
+def weights_bytes(model: nn.Module) -> int:
+    """Bytes of the weights as served: every parameter and buffer (a dense weight freed after
+    packing is an empty placeholder), plus each linear layer's packed or reduced-precision copy
+    (its int8 values and scales, or bf16 values); a tensor held twice (a bias a kernel shares with
+    its layer) counts once."""
+    tensors = [*model.parameters(), *model.buffers()]
+    opaque = 0
+    for m in model.modules():
+        if isinstance(m, Linear):
+            if m.kernel is not None:
+                tensors += m.kernel.tensors()
+                opaque += m.kernel.opaque_bytes()
+            elif m.packed is not None:  # oneDNN-reordered float32: no plain storage to share
+                opaque += m.packed.numel() * m.packed.element_size()
+    held = {(t.device, t.data_ptr(), t.numel(), t.dtype): t.numel() * t.element_size() for t in tensors}
+    return int(sum(held.values()) + opaque)
 
 
 def describe_memory(report: dict[str, int]) -> str:

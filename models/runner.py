@@ -322,12 +322,12 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
             model.keep_head_rows((yes_id,) if no_id is None else (yes_id, no_id))
     load_weights(model, model_dir, device=device, dtype=dtype, take_rows=model.head_rows())
     model.eval()
-    memory = memory_report(model, device)
-    log.info("weights loaded: %s", describe_memory(memory))
     clock.mark("weights")
     linear = choose_linears(model, device=device, dtype=dtype, weights=cpu_weights,
                             packed_wanted=cpu_packed_weights, keep_dense=keep_dense_weights)
     (log.warning if linear.failed else log.info)("linear layers: %s weights, %s", linear.weights, linear.report)
+    memory = memory_report(model, device)  # the weights as served: int8 or bf16 at their own size
+    log.info("weights loaded: %s", describe_memory(memory))
     cpu_attention = cpu_attention_kernel(cfg, device=device, dtype=dtype, wanted=cpu_packed_weights)
     if cpu_attention and backend.name == "spec-varlen":  # the blocks' kernels do not run at all
         cpu_attention = "spec-varlen (the checkpoint's soft-cap or window; no CPU block kernel)"

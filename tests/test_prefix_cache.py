@@ -49,15 +49,16 @@ def _check(cache: PrefixCache, live_pending: int = 0) -> None:
         pid = b.parent.id if b.parent is not None else b.root
         siblings.setdefault(pid, []).append(b.tokens)
     assert {pid: list(v) for pid, v in cache._siblings.items()} == {k: sorted(v) for k, v in siblings.items()}
-    for b in committed:  # LRU: no block was used after its parent
-        assert b.live
-        if b.parent is not None:
-            assert b.parent.used >= b.used
-    # every evictable block waits in the eviction order at its last use
-    queued = {(e[3].id, e[0]) for e in cache._order._heap}
+    # the eviction order holds exactly the unpinned committed blocks, each after its children,
+    # so its oldest block is always a leaf
+    order = cache._order.blocks()
+    assert {b.id for b in order} == {b.id for b in committed if b.refs == 0} and len(order) == len(set(order))
+    at = {b.id: i for i, b in enumerate(order)}
     for b in committed:
-        if b.refs == 0 and b.children == 0:
-            assert (b.id, b.used) in queued, "an evictable block is missing from the eviction order"
+        if b.parent is not None:
+            assert b.parent.refs >= b.refs, "a pinned block's parent is unpinned"
+            if b.parent.refs == 0:
+                assert at[b.id] < at[b.parent.id], "a parent would be evicted before its child"
 
 
 def test_sizes():

@@ -3,16 +3,19 @@
 `_Reference` keeps every block in one dict and answers each question by scanning all of them: a
 full look-up compares every live block's key, the partial look-up measures every child's shared
 leading tokens, eviction takes the minimum over all evictable blocks, children are recounted. It
-knows nothing of sorted siblings, eviction heaps, pins shared within a lease or look-ups reused from
+knows nothing of sorted siblings, linked eviction lists, pins shared within a lease or look-ups reused from
 the previous sequence. After every plan its lease must equal the cache's (matched tokens, pool
 rows read, blocks written and their slots), and after every step the committed blocks and the
 eviction count must agree.
 
-The policy both follow: a block's last use is the tick of the last plan that pinned it or commit
-that touched it; eviction takes the evictable block (committed, unpinned, childless) with the
-smallest (last use, -depth, creation order). Of the children sharing the most leading tokens with
-a partial query, the cache reads the smallest in int32 byte order that is not below the query,
-else the largest below it (any of them holds the same rows for those tokens).
+The policy both follow: a block is used when a batch that pinned it, published it or published a
+duplicate of it settles (commit or abort; a look-up alone does not count, the block is pinned until
+then). A settling uses its blocks one at a time: its published blocks (or the committed blocks they
+duplicate) from the last planned back to the first, then the blocks it read from the last pinned
+back to the first. Eviction takes the evictable block (committed, unpinned, childless) used least
+recently. Of the children sharing the most leading tokens with a partial query, the cache reads
+the smallest in int32 byte order that is not below the query, else the largest below it (any of
+them holds the same rows for those tokens).
 """
 from __future__ import annotations
 
@@ -35,7 +38,7 @@ class _Reference:
     def __init__(self, n_slots: int) -> None:
         self.blocks: dict[int, dict] = {}  # id -> block (live or not)
         self.free = list(range(n_slots - 1, -1, -1))
-        self.tick, self.next_id, self.evictions = 0, 1, 0
+        self.clock, self.next_id, self.evictions = 0, 1, 0
         self.queued: list[dict] = []
 
     def live(self):
@@ -58,7 +61,7 @@ class _Reference:
         evictable = [b for b in self.live() if b["refs"] == 0 and self.children(b) == 0]
         if not evictable:
             return None
-        victim = min(evictable, key=lambda b: (b["used"], -b["depth"], b["id"]))
+        victim = min(evictable, key=lambda b: b["used"])
         victim["live"] = False
         self.evictions += 1
         return victim["slot"]
@@ -75,8 +78,11 @@ class _Reference:
         lease["writes"].append((start, len(tokens), slot))
         return b
 
+    def use(self, b):
+        self.clock += 1
+        b["used"] = self.clock
+
     def pin(self, b, lease):
-        b["used"] = self.tick
         if all(p is not b for p in lease["pinned"]):
             b["refs"] += 1
             lease["pinned"].append(b)
@@ -85,7 +91,6 @@ class _Reference:
         for old in self.queued:
             self.commit(old)
         self.queued = []
-        self.tick += 1
         lease = {"pinned": [], "pending": [], "writes": [], "matched": [], "rows": [], "done": False}
         pending_keys: dict = {}
         offset = 0
@@ -144,8 +149,8 @@ class _Reference:
         if lease["done"]:
             return
         lease["done"] = True
-        self.tick += 1
         same: dict[int, int] = {}
+        published = []
         for b in lease["pending"]:
             if b["parent"] in same:
                 b["parent"] = same[b["parent"]]
@@ -153,19 +158,23 @@ class _Reference:
             if existing is not None:
                 same[b["id"]] = existing["id"]
                 self.free.append(b["slot"])
-                existing["used"] = self.tick
+                published.append(existing)
                 continue
-            b["live"], b["used"] = True, self.tick
-        for b in lease["pinned"]:
+            b["live"] = True
+            published.append(b)
+        for b in published[::-1]:
+            self.use(b)
+        for b in lease["pinned"][::-1]:
             b["refs"] -= 1
-            b["used"] = self.tick
+            self.use(b)
 
     def abort(self, lease):
         if lease["done"]:
             return
         lease["done"] = True
-        for b in lease["pinned"]:
+        for b in lease["pinned"][::-1]:
             b["refs"] -= 1
+            self.use(b)
         self.free.extend(b["slot"] for b in lease["pending"])
 
 

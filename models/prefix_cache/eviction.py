@@ -1,68 +1,63 @@
-"""Which block the prefix cache evicts next: the least recently used evictable leaf.
+"""Which block the prefix cache evicts next: the least recently used unpinned block, a leaf.
 
-A block is evictable when it is committed, pinned by no lease (refs 0) and has no committed
-children. Every block carries `used`, the tick of its last use (one tick per plan or commit; all
-blocks a lease touches share it), and evictable blocks wait in a heap keyed (used, -depth, id):
-least recently used first, and within one tick the deepest first, so a chain touched together
-loses its leaf before its parent. Blocks leave the evictable set (pinned, given a child, touched
-again) without a heap operation: each entry is checked when popped and dropped if stale. The
-cache calls `offer` whenever a block may have become evictable or got a new tick (unpinned, its
-last child dropped, published, touched while evictable), so the heap's first valid entry is always
-the block that a scan of all committed blocks in LRU order would find first. Each push and pop is
-O(log n); a stale entry is popped at most once, and the heap is rebuilt from its valid entries when
-stale ones outnumber them, so the cost per block touched stays bounded.
+The order holds every committed block that no lease pins, least recently used first, in an
+OrderedDict keyed by block id (a doubly linked list inside): adding a block at the newest end,
+moving it there, taking it out and popping the oldest are O(1) each, whatever the number of
+blocks, with no stale entries to skip and no rebuild.
+
+A use is counted when the batch that used a block settles (commit or abort): while a lease pins a
+block it cannot be evicted, so only the last settling matters. A batch that settles puts what it
+used at the newest end in the reverse of the order it walked it: its new blocks (or the published
+blocks they duplicate) from the last one planned back to the first, then the blocks it read from
+the last one pinned back to the first. Both walks put a parent before its children, so the order
+always holds a block's committed children before the block itself:
+- a lease pins whole chains from position 0 (a block's parent is pinned whenever it is), so an
+  unpinned block has no pinned descendant: its committed children are all in the order;
+- a settling moves a block and its children it used in children-first order to the newest end,
+  and leaves its other children where they were, older.
+So the oldest block in the order has no committed children: popping it is exactly taking the least
+recently used evictable leaf, without tracking leaves at all (a parent whose last child was evicted
+is already where its own last use put it). Ties within one settling (blocks used by the same
+batch) go children first; among unrelated chains, last walked first.
 """
 from __future__ import annotations
 
-import heapq
+from collections import OrderedDict
 from typing import Any
 
 
 class EvictionOrder:
-    """Evictable blocks, least recently used first (a heap with lazy deletion)."""
+    """Committed unpinned blocks, least recently used first (an OrderedDict by block id)."""
 
-    __slots__ = ("_heap", "tick")
+    __slots__ = ("_lru",)
 
     def __init__(self) -> None:
-        self._heap: list[tuple[int, int, int, Any]] = []  # (used, -depth, id, block)
-        self.tick = 0
+        self._lru: OrderedDict[int, Any] = OrderedDict()
 
-    def next_tick(self) -> int:
-        self.tick += 1
-        return self.tick
+    def add(self, b: Any) -> None:
+        """`b` was published or unpinned by a settling batch: the newest block."""
+        self._lru[b.id] = b
 
-    def offer(self, b: Any) -> None:
-        """`b` may be evictable now, or was touched while evictable: queue it at its tick."""
-        if b.live and not b.refs and not b.children:
-            heapq.heappush(self._heap, (b.used, -b.depth, b.id, b))
+    def use(self, b: Any) -> None:
+        """`b`, unpinned, was used by a settling batch (published by it, or duplicated by one of its
+        blocks): the newest block, added or moved there."""
+        self._lru[b.id] = b
+        self._lru.move_to_end(b.id)
+
+    def pin(self, b: Any) -> None:
+        """`b`, unpinned until now, is pinned by a lease: out of the order until it settles."""
+        del self._lru[b.id]
 
     def pop(self) -> Any:
-        """The least recently used evictable block, taken out of the order; None if there is none."""
-        heap = self._heap
-        while heap:
-            used, _, _, b = heapq.heappop(heap)
-            if b.live and not b.refs and not b.children and b.used == used:
-                return b
-        return None
+        """The least recently used unpinned block (always a leaf), taken out; None if there is none."""
+        return self._lru.popitem(last=False)[1] if self._lru else None
 
-    def trim(self, live_blocks: int) -> None:
-        """Rebuild from the valid entries once stale ones outnumber the committed blocks."""
-        if len(self._heap) > 2 * live_blocks + 64:
-            self._compact()
-
-    def _compact(self) -> None:
-        seen: set[int] = set()
-        keep = []
-        for entry in self._heap:
-            b = entry[3]
-            if b.live and not b.refs and not b.children and b.used == entry[0] and b.id not in seen:
-                seen.add(b.id)
-                keep.append(entry)
-        heapq.heapify(keep)
-        self._heap = keep
+    def blocks(self) -> list[Any]:
+        """The blocks, oldest first (tests check the order)."""
+        return list(self._lru.values())
 
     def clear(self) -> None:
-        self._heap.clear()
+        self._lru.clear()
 
     def __len__(self) -> int:
-        return len(self._heap)
+        return len(self._lru)

@@ -21,14 +21,19 @@ to its 20th token by the next query, not the 16th.
 
 Cost: `plan` walks each sequence's blocks once, and a sequence reuses the blocks its predecessor in
 the batch looked up or chose to write for the leading blocks they share (found by one vectorised
-comparison of the packed ids), so a batch sharing a long instruction pays its look-ups once. A
-lease pins each block it reads once, whatever the number of its sequences through that block.
-Eviction pops the least recently used evictable leaf from `EvictionOrder` (eviction.py) without
-scanning pinned or inner blocks. `commit` is one dict insert and one sorted-list insert per block.
+comparison of the packed ids), so a batch sharing a long instruction pays its look-ups once; past
+a sequence's first new block no pending block can sit under its chain, so its deeper blocks are
+made without a look-up, and a partial look-up asking the previous sequence's question (same
+parent, same tokens) reuses its answer. A lease pins each block it reads once, whatever the
+number of its sequences through that block. Eviction pops the least recently used unpinned block
+from `EvictionOrder` (eviction.py), O(1) and always a leaf, without scanning pinned or inner
+blocks. `commit` is one dict insert, one sorted-list insert and one O(1) move in the eviction
+order per block.
 
 Invariants:
-- Chains are prefix-closed: a committed block's parent is committed. Eviction takes unpinned
-  leaves only, least recently used first; a block's last use is never later than its parent's.
+- Chains are prefix-closed: a committed block's parent is committed, and a lease pins whole
+  chains (a pinned block's parent is pinned by the same lease). Eviction takes unpinned leaves
+  only, least recently used first (eviction.py states the order exactly).
 - Look-ups see committed blocks only. A batch pins (refcount) every block it reads, and its own
   new blocks stay private (pending) until its lease is committed, after its forward succeeded;
   `abort` (a failed or dropped batch) unpins and frees them, so rows never become reachable half
@@ -68,8 +73,6 @@ class _Block:
     refs: int = 0  # leases pinning it
     children: int = 0  # committed children
     root: int | bytes = 0  # a first block's parent key: 0, or its namespace (bytes, never an id)
-    used: int = 0  # tick of its last use (EvictionOrder)
-    live: bool = False  # committed: in the index
     mark: int = 0  # the last plan that pinned it (a lease pins a block once)
 
     @property
@@ -114,7 +117,8 @@ class PrefixCache:
         self.v = alloc(layers, rows, kv_heads, head_dim, dtype=dtype, device=device)
         self._index: dict[tuple[int | bytes, bytes], _Block] = {}
         self._siblings = Siblings()  # committed children's tokens per parent key: partial look-ups
-        self._order = EvictionOrder()  # evictable leaves, least recently used first
+        self._order = EvictionOrder()  # unpinned committed blocks, least recently used first
+        self._plans = 0  # plans so far: a block's `mark`
         self._free = list(range(self.n_slots - 1, -1, -1))
         self._ids = itertools.count(1)  # 0 is the root
         self._lock = threading.RLock()
@@ -156,17 +160,26 @@ class PrefixCache:
         partial_runs: list[int] = []  # which runs are partial, and their lengths
         partial_lens: list[int] = []
         starts: list[int] = []  # original row of each pending block's first token, in lease.pending order
+        slots: list[int] = []  # pool slot of each pending block
+        tails: list[int] = []  # which pending blocks are tails, and their lengths
+        tail_lens: list[int] = []
         empty = np.zeros(0, np.int64)
         lease = Lease(empty, empty, empty, empty, empty)
-        pinned = lease.pinned
+        pinned, new_blocks = lease.pinned, lease.pending
         pending: dict[tuple[int | bytes, bytes], _Block] = {}
-        index, siblings = self._index, self._siblings
+        index, siblings, free, order = self._index, self._siblings, self._free, self._order
+        ids_next, evict = self._ids.__next__, self._evict
+        add_new, add_start, add_slot = new_blocks.append, starts.append, slots.append
         prev_nodes: list[_Block] = []  # the previous sequence's full blocks: committed chain, then pending
         prev_rows: list[int] = []  # first pool row of each block of its committed chain
         prev_found = 0
+        last_pk: int | bytes | None = None  # the last partial look-up: parent key, query, answer
+        last_query = b""
+        last_found: tuple[bytes | None, int] = (None, 0)
         with self._lock:
             self._publish_queued()
-            tick = self._order.next_tick()  # also this plan's pin mark
+            self._plans += 1
+            mark = self._plans  # a block pinned by this plan carries it: one pin per lease
             for s in range(n_seq):
                 a, e = bounds[s], bounds[s + 1]
                 n_full = (e - a) // blk
@@ -178,17 +191,20 @@ class PrefixCache:
                 else:
                     j, nodes, rows = reuse, prev_nodes[:reuse], prev_rows[:reuse]
                     pk = nodes[-1].id if nodes else root
+                    at = 4 * a + j * width
                     while j < n_full:
-                        found = index.get((pk, raw[4 * a + j * width:4 * a + (j + 1) * width]))
+                        found = index.get((pk, raw[at:at + width]))
                         if found is None:
                             break
-                        if found.mark != tick:
-                            found.mark, found.used = tick, tick
+                        if found.mark != mark:
+                            found.mark = mark
+                            if not found.refs:
+                                order.pin(found)
                             found.refs += 1
                             pinned.append(found)
                         nodes.append(found)
                         rows.append(found.slot * blk)
-                        pk, j = found.id, j + 1
+                        pk, j, at = found.id, j + 1, at + width
                 parent = nodes[j - 1] if j else None
                 pk = parent.id if parent is not None else root
                 run_rows.extend(rows)
@@ -197,11 +213,20 @@ class PrefixCache:
                 k = 0
                 if k_max > 0:
                     at = 4 * (a + j * blk)
-                    tokens, k = siblings.longest(pk, raw[at:at + 4 * k_max])
+                    query = raw[at:at + 4 * k_max]
+                    if pk != last_pk or query != last_query:
+                        # NOTE: the same question as the last sequence's gets its answer: during a
+                        # plan committed blocks only leave (evicted unpinned), and the one it found
+                        # is pinned, so the longest match and its tie-break are unchanged.
+                        last_pk, last_query = pk, query
+                        last_found = siblings.longest(pk, query)
+                    tokens, k = last_found
                     if tokens is not None:
                         part = index[(pk, tokens)]
-                        if part.mark != tick:
-                            part.mark, part.used = tick, tick
+                        if part.mark != mark:
+                            part.mark = mark
+                            if not part.refs:
+                                order.pin(part)
                             part.refs += 1
                             pinned.append(part)
                         partial_runs.append(len(run_rows))
@@ -209,30 +234,44 @@ class PrefixCache:
                         run_rows.append(part.slot * blk)
                 matched[s] = j * blk + k
                 chained = True  # every complete block is cached or written (a tail may follow)
-                known = len(nodes)
-                for jj in range(j, n_full):
-                    if jj < known:  # seq s-1's pending block: the same tokens under the same parent
-                        parent = nodes[jj]
-                        continue
-                    key = (parent.id if parent is not None else root, raw[4 * a + jj * width:4 * a + (jj + 1) * width])
-                    mine = pending.get(key)
+                jj = len(nodes)  # blocks before it: cached, or seq s-1's pending ones (same tokens)
+                if jj > j:
+                    parent = nodes[jj - 1]
+                pk = parent.id if parent is not None else root
+                at = 4 * (a + jj * blk)
+                fresh = False  # this sequence made a block: no pending block sits under it yet
+                while jj < n_full:
+                    key = (pk, raw[at:at + width])
+                    mine = None if fresh else pending.get(key)
                     if mine is None:
-                        mine = self._new(parent, key[1], jj, a + jj * blk, lease, starts, root)
-                        if mine is None:
-                            chained = False  # pool full of pinned or inner blocks: write nothing deeper
+                        slot = free.pop() if free else evict()
+                        if slot is None:
+                            chained = False  # pool full of pinned blocks: write nothing deeper
                             break
+                        mine = _Block(ids_next(), parent, key[1], jj, slot, 0, 0, 0 if parent is not None else root)
                         pending[key] = mine
+                        add_new(mine)
+                        add_start(a + jj * blk)
+                        add_slot(slot)
+                        fresh = True
                     nodes.append(mine)
-                    parent = mine
+                    parent, pk, jj, at = mine, mine.id, jj + 1, at + width
                 tail = e - (a + n_full * blk)
                 if chained and tail:
                     pk = parent.id if parent is not None else root
                     key = (pk, raw[4 * (e - tail):4 * e])
                     # not cached (no committed block starts with it), not being written
-                    if key not in pending and not siblings.starts_with(pk, key[1]):
-                        mine = self._new(parent, key[1], n_full, e - tail, lease, starts, root)
-                        if mine is not None:
+                    if (fresh or key not in pending) and not siblings.starts_with(pk, key[1]):
+                        slot = free.pop() if free else evict()
+                        if slot is not None:
+                            mine = _Block(ids_next(), parent, key[1], n_full, slot, 0, 0,
+                                          0 if parent is not None else root)
                             pending[key] = mine
+                            tails.append(len(new_blocks))
+                            tail_lens.append(tail)
+                            add_new(mine)
+                            add_start(e - tail)
+                            add_slot(slot)
                 prev_nodes, prev_rows, prev_found = nodes, rows, j
         lease.matched = np.asarray(matched, dtype=np.int64)
         if run_rows:
@@ -241,39 +280,25 @@ class PrefixCache:
             within = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
             lease.read_rows = np.repeat(np.asarray(run_rows, dtype=np.int64), lens) + within
         lease.write_starts = np.asarray(starts, dtype=np.int64)
-        lease.write_slots = np.asarray([b.slot for b in lease.pending], dtype=np.int64)
-        lease.write_lens = np.asarray([len(b.tokens) >> 2 for b in lease.pending], dtype=np.int64)
+        lease.write_slots = np.asarray(slots, dtype=np.int64)
+        lease.write_lens = np.full(len(slots), blk, dtype=np.int64)
+        lease.write_lens[tails] = tail_lens
         return lease
 
-    def _new(self, parent, tokens: bytes, depth: int, start: int, lease: Lease, starts: list,
-             root: int | bytes = 0) -> _Block | None:
-        """A pending block of this lease (its tokens' rows from original row `start`); None if no slot."""
-        slot = self._free.pop() if self._free else self._evict()
-        if slot is None:
-            return None
-        b = _Block(next(self._ids), parent, tokens, depth, slot, root=root if parent is None else 0)
-        lease.pending.append(b)
-        starts.append(start)
-        return b
-
     def _evict(self) -> int | None:
-        """The slot of the least recently used evictable leaf, dropped; None when every block is
-        pinned, pending or inner."""
+        """The slot of the least recently used unpinned block (a leaf), dropped from the index;
+        None when every block is pinned or pending."""
         victim = self._order.pop()
         if victim is None:
             return None
-        self._drop(victim)
+        parent = victim.parent
+        pk = parent.id if parent is not None else victim.root
+        del self._index[(pk, victim.tokens)]
+        self._siblings.remove(pk, victim.tokens)
+        if parent is not None:
+            parent.children -= 1
         self.evictions += 1
         return victim.slot
-
-    def _drop(self, b: _Block) -> None:
-        pk = b.parent.id if b.parent is not None else b.root
-        del self._index[(pk, b.tokens)]
-        self._siblings.remove(pk, b.tokens)
-        b.live = False
-        if b.parent is not None:
-            b.parent.children -= 1
-            self._order.offer(b.parent)  # its last child gone: a leaf again
 
     # -- settling -------------------------------------------------------------------------------
     def commit_later(self, lease: Lease) -> None:
@@ -298,39 +323,40 @@ class PrefixCache:
         if lease.done:
             return
         lease.done = True
-        tick = self._order.next_tick()
-        index, siblings, offer, free = self._index, self._siblings, self._order.offer, self._free
+        index, siblings, order, free = self._index, self._siblings, self._order, self._free
         same: dict[int, _Block] = {}  # pending id -> the committed block it duplicates
-        fresh: list[_Block] = []
+        used: list[_Block] = []  # blocks published, or duplicated while unpinned: parents first
         for b in lease.pending:  # parents before children
             p = b.parent
             if same and p is not None and p.id in same:
                 p = b.parent = same[p.id]
-            pk = p.id if p is not None else b.root
-            existing = index.get((pk, b.tokens))
+            key = (p.id if p is not None else b.root, b.tokens)
+            existing = index.get(key)
             if existing is not None:
                 same[b.id] = existing
                 free.append(b.slot)
-                existing.used = tick
-                offer(existing)
+                if not existing.refs:
+                    used.append(existing)
                 continue
-            index[(pk, b.tokens)] = b
-            siblings.add(pk, b.tokens)
-            b.live, b.used = True, tick
+            index[key] = b
+            siblings.add(key[0], b.tokens)
             if p is not None:
                 p.children += 1
-            fresh.append(b)
-        for b in fresh:
-            if not b.children:
-                offer(b)
-        for b in lease.pinned:
-            b.refs -= 1
-            b.used = tick
-            if not b.refs:
-                offer(b)
-        self._order.trim(len(index))
+            used.append(b)
+        # the eviction order's newest end, children before parents (eviction.py)
+        for b in reversed(used):
+            order.use(b)
+        self._unpin(lease)
         self.hits += lease.hits
         self.misses += lease.misses
+
+    def _unpin(self, lease: Lease) -> None:
+        """The lease's reads settle: each block it pinned is used now, last pinned first."""
+        order = self._order
+        for b in reversed(lease.pinned):
+            b.refs -= 1
+            if not b.refs:
+                order.add(b)
 
     def abort(self, lease: Lease) -> None:
         """The batch failed or was dropped: unpin, and free the rows it may have half written."""
@@ -338,10 +364,7 @@ class PrefixCache:
             if lease.done or lease.queued:
                 return
             lease.done = True
-            for b in lease.pinned:
-                b.refs -= 1
-                if not b.refs:
-                    self._order.offer(b)
+            self._unpin(lease)
             self._free.extend(b.slot for b in lease.pending)
 
     def reset(self) -> None:
