@@ -15,6 +15,8 @@ import importlib.util
 import json
 import math
 import os
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -112,7 +114,7 @@ def test_arguments_build_the_arms_and_refuse_what_cannot_run(stub, tiny_embeddin
     for flag, value in (("-np", "4"), ("-c", str(4 * 256)), ("-t", "2"), ("-b", "4096"), ("-ub", "4096"),
                         ("--pooling", "last"), ("-m", str(stub[1]["good"]))):
         assert llama[llama.index(flag) + 1] == value
-    assert "--embedding" in llama and "--port" not in llama  # the port is chosen at start
+    assert "--embedding" in llama and "-kvu" in llama and "--port" not in llama  # the port is chosen at start
     bad = [["--gguf", "f32"], ["--gguf", f"x={tmp_path / 'missing.gguf'}"], ["--items", "0"],
            ["--ours", "compact=", "--ours", "compact=--cpu-weights int8"], ["--template-requests", "0"]]
     for extra in bad:
@@ -233,3 +235,14 @@ def test_real_llama_server_reads_the_fixture_as_we_do(tiny_embedding_dir, tmp_pa
     assert got["tokens"]["llama-f32"]["equal"] == got["texts"], got["tokens"]
     # float32 on both sides: the same model up to summation order
     assert got["cosine"]["llama-f32"]["min"] > 0.9999, got["cosine"]
+
+
+def test_the_documented_command_parses():
+    text = (Path(__file__).resolve().parents[1] / "docs" / "performance.md").read_text()
+    blocks = "\n".join(re.findall(r"```bash\n(.*?)```", text, flags=re.S)).replace("\\\n", " ")
+    lines = [ln for ln in blocks.splitlines() if "python -m benchmarks.llama_cpp_peer" in ln]
+    assert lines, "docs/performance.md shows no benchmarks.llama_cpp_peer command"
+    for line in lines:
+        words = shlex.split(line.split("python -m benchmarks.llama_cpp_peer", 1)[1].split("#")[0])
+        args = peer.parser().parse_args(words)  # parses; the GGUF files are the reader's own
+        assert args.gguf and args.model_dir
