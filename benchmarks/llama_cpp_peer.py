@@ -110,7 +110,8 @@ def load_requests(load: str, dataset: datasets.Dataset, *, items: int, count: in
 
 
 def check_texts(dataset: datasets.Dataset) -> list[str]:
-    """A few texts of each load's kind, from the end of the dataset (never a measured request's)."""
+    """A few texts of each load's kind, from the end of the dataset (the loads' requests are taken
+    from its head, so with the default sizes no check text is a measured one)."""
     tail = dataset.samples[-CHECK_TEXTS_PER_LOAD:]
     prompt = workloads.query_prompt()
     return ([workloads.render_pair(s.query, s.passages[0]) for s in tail] + [s.passages[-1] for s in tail]
@@ -148,7 +149,7 @@ def markdown_table(rows: list[dict], llama_names: list[str]) -> str:
 
 def machine() -> dict:
     """The CPU's model and the SIMD flags that decide the kernels, and the load average now."""
-    model, flags = "", set()
+    model, flags = "", set[str]()
     with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
