@@ -6,7 +6,8 @@ precision). Candidates, in order of preference:
 
     fp32: onednn-packed (models/linear.py), F.linear
     int8: int8-dynamic, int8-rowwise            (models/linear_quant.py)
-    bf16: bf16-packed, bf16-linear              (only on a CPU with avx512_bf16 or AMX)
+    bf16: bf16-packed, bf16-linear              (only on a CPU with avx512_bf16 or AMX, oneDNN
+                                                 not capped below them; elsewhere the fp32 choice)
 
 Invariant: a candidate runs only after it matched ``F.linear`` in float32 on the model's first
 layer within its precision's tolerance (``SELF_TEST_TOL``); one that fails is rejected with its
@@ -48,6 +49,9 @@ CANDIDATES = {"fp32": ("onednn-packed", "F.linear"), "int8": ("int8-dynamic", "i
 SELF_TEST_TOL = {"fp32": 1e-4, "bf16": 0.02, "int8": 0.05}
 ROWS = (4, 192)
 REPEATS = 3
+# oneDNN's ISA caps at or above avx512_bf16 (its ``ONEDNN_MAX_CPU_ISA`` values)
+ONEDNN_BF16_ISAS = ("ALL", "AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX512_CORE_AMX_FP16",
+                    "AVX10_1_512", "AVX10_1_512_AMX", "AVX10_1_512_AMX_FP16", "AVX10_2_512", "AVX10_2_512_AMX_2")
 PRUNE = 2.0  # after the first round, a candidate this many times slower than the best is not rerun
 
 
@@ -60,6 +64,19 @@ class LinearChoice:
     report: str
     seconds: dict[str, float] = field(default_factory=dict)  # measured: kernel -> score
     failed: bool = False  # a candidate failed its self-test: a slower path may run (log a WARNING)
+
+
+def bf16_refused() -> str | None:
+    """Why bf16 weights would not run natively here (None: they would): the CPU lacks avx512_bf16
+    and AMX, or ``ONEDNN_MAX_CPU_ISA`` (``DNNL_MAX_CPU_ISA``) keeps oneDNN below them, as on an
+    AVX2 machine."""
+    if missing := bf16_missing():
+        return missing
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        cap = os.environ.get(name, "").strip().upper()
+        if cap and cap not in ONEDNN_BF16_ISAS:
+            return f"{name}={cap} keeps oneDNN off avx512_bf16 and AMX"
+    return None
 
 
 def check_cpu_weights(value: str) -> str:
@@ -90,9 +107,12 @@ def choose_linears(model: nn.Module, *, device: torch.device, dtype: torch.dtype
         rejected["onednn-packed"] = "cpu_packed_weights off"
     if weights == "fp32" and not torch.backends.mkldnn.is_available():
         rejected["onednn-packed"] = "this torch build has no oneDNN (mkldnn)"
-    if weights == "bf16" and (missing := bf16_missing()):
-        return _install(model, LinearChoice("fp32", "F.linear", f"F.linear (cpu_weights=bf16 refused: {missing})"),
-                        keep_dense)
+    if weights == "bf16" and (missing := bf16_refused()):
+        # the fp32 weights with their own measured kernel: what this CPU runs best at full precision
+        fp32 = choose_linears(model, device=device, dtype=dtype, packed_wanted=packed_wanted, keep_dense=keep_dense,
+                              force=force if force in (None, "first", *CANDIDATES["fp32"]) else "first", timer=timer)
+        return replace(fp32, report=fp32.report.replace(
+            f"{fp32.kernel} (", f"{fp32.kernel} (cpu_weights=bf16 refused: {missing}; ", 1))
     if force not in (None, "first") and force not in candidates:
         raise ValueError(f"{ENV}={force!r} is not a {weights} linear kernel: use one of {candidates} or 'first'")
     passed: list[str] = []

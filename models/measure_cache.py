@@ -3,7 +3,10 @@
 `select_cpu_kernel` (models/attention_lse.py) and `choose_linears` (models/linear_select.py) time
 candidate kernels on the model's shapes at load: seconds of start-up, the same answer every time on
 one machine. Their figures are kept in one small JSON file, under a key made of everything the
-figure depends on: the measurement's kind and shapes, the CPU (model name and flags), torch's
+figure depends on: the measurement's kind and shapes, the CPU (model name and flags), the
+instruction set the libraries may use (torch's CPU capability and the ISA caps set in the
+environment: ``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``...; a
+process capped to AVX2 on an AVX-512 CPU runs other kernels, so it measures its own), torch's
 version and build, the thread count, the dtype, and a hash of the source of the modules whose
 kernels were timed (a changed kernel is measured again). A missing, unreadable or foreign entry is
 a miss: the measurement runs and the entry is written (atomically; a failed write only logs).
@@ -58,6 +61,21 @@ def _cpu() -> str:
     return f"{fields.get('model name', '?')} flags:{flags}"
 
 
+# environment variables that cap or change the instruction set of torch's, oneDNN's and MKL's kernels
+ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ONEDNN_CPU_ISA_HINTS",
+           "DNNL_CPU_ISA_HINTS", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "MKL_DEBUG_CPU_TYPE")
+
+
+def _isa() -> dict[str, str]:
+    """torch's CPU capability as this process runs it, and every ISA cap set in the environment."""
+    try:
+        capability = torch.backends.cpu.get_cpu_capability()
+    except (AttributeError, RuntimeError):
+        capability = "?"
+    caps = {name: os.environ[name] for name in ISA_ENV if os.environ.get(name)}
+    return {"torch": capability, **caps}
+
+
 @functools.cache
 def _source_hash(modules: tuple[str, ...]) -> str:
     """A hash of the named modules' source files: a kernel's change invalidates its entries."""
@@ -71,8 +89,8 @@ def _source_hash(modules: tuple[str, ...]) -> str:
 
 
 def key(kind: str, *, modules: tuple[str, ...], dtype: torch.dtype, **shape: Any) -> str:
-    """The entry's key: `kind`, `shape`, and the machine, torch, threads, dtype and code."""
-    parts = {"kind": kind, "cpu": _cpu(), "torch": f"{torch.__version__} {torch.version.git_version}",
+    """The entry's key: `kind`, `shape`, and the machine, ISA caps, torch, threads, dtype and code."""
+    parts = {"kind": kind, "cpu": _cpu(), "isa": _isa(), "torch": f"{torch.__version__} {torch.version.git_version}",
              "threads": torch.get_num_threads(), "dtype": str(dtype), "code": _source_hash(modules),
              "shape": shape}
     return json.dumps(parts, sort_keys=True, default=str)

@@ -186,3 +186,29 @@ def test_each_kernel_computes_its_format(name, rows):
     # the autograd path runs the kept dense weight, the kernel's dense() its own format
     assert torch.equal(layer.dense_weight(), w)
     assert (layer.kernel.dense().double() - w.double()).abs().max().item() <= 0.01 * w.abs().max().item()
+
+
+@pytest.mark.parametrize("cost, want", [({"onednn-packed": 1.0, "F.linear": 3.0}, "onednn-packed"),
+                                        ({"onednn-packed": 2.0, "F.linear": 1.0}, "F.linear")])
+def test_refused_bf16_weights_run_the_measured_fp32_kernel(clocked, monkeypatch, cost, want):
+    monkeypatch.setattr(select, "bf16_missing", lambda: "no avx512_bf16 here")
+    model = _model()
+    choice = select.choose_linears(model, device=CPU, dtype=torch.float32, weights="bf16", timer=clocked(cost))
+    assert choice.weights == "fp32" and choice.kernel == want
+    assert "cpu_weights=bf16 refused: no avx512_bf16 here" in choice.report
+    assert all((m.packed is not None) == (want == "onednn-packed") and m.kernel is None for m in model)
+
+
+@pytest.mark.parametrize("name", ["ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"])
+def test_a_onednn_cap_below_avx512_bf16_refuses_bf16_weights(monkeypatch, name):
+    monkeypatch.setattr(select, "bf16_missing", lambda: None)
+    for var in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(var, raising=False)
+    assert select.bf16_refused() is None
+    monkeypatch.setenv(name, "avx512_core_amx")
+    assert select.bf16_refused() is None
+    monkeypatch.setenv(name, "AVX2")
+    assert f"{name}=AVX2" in (select.bf16_refused() or "")
+    monkeypatch.setenv(select.ENV, "bf16-packed")  # a forced bf16 kernel that cannot run: the first fp32 one
+    choice = select.choose_linears(_model(), device=CPU, dtype=torch.float32, weights="bf16")
+    assert choice.weights == "fp32" and choice.kernel == select.CANDIDATES["fp32"][0] and "refused" in choice.report
