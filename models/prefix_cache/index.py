@@ -57,6 +57,7 @@ import numpy as np
 import torch
 
 from models.prefix_cache.eviction import EvictionOrder
+from models.prefix_cache.shared import shared_with_previous
 from models.prefix_cache.siblings import Siblings
 from models.prefix_cache.size import bytes_per_token
 
@@ -154,7 +155,7 @@ class PrefixCache:
         n_seq = len(cu) - 1
         bounds = cu.tolist()
         raw = ids.tobytes()  # the batch's tokens: row r is raw[4r:4r+4]
-        shared = _shared_with_previous(ids, cu, namespaces)  # [B] leading tokens equal to seq s-1's
+        shared = shared_with_previous(ids, cu, namespaces)  # [B] leading tokens equal to seq s-1's
         matched = [0] * n_seq
         run_rows: list[int] = []  # first pool row of each read run (a chain block, or a partial one)
         partial_runs: list[int] = []  # which runs are partial, and their lengths
@@ -382,22 +383,3 @@ class PrefixCache:
             self._free = list(range(self.n_slots - 1, -1, -1))
             self.hits = self.misses = self.evictions = 0
 
-
-def _shared_with_previous(ids: np.ndarray, cu: np.ndarray, namespaces) -> list[int]:
-    """[B] leading tokens each sequence shares with the one before it in the batch (0 for the
-    first, and across namespaces): one vectorised comparison of the packed ids."""
-    n_seq = len(cu) - 1
-    if n_seq < 2:
-        return [0] * n_seq
-    lens = np.diff(cu)
-    m = np.minimum(lens[1:], lens[:-1])  # [B-1] tokens compared, >= 1 each
-    seg = np.cumsum(m) - m  # [B-1] first compared position of each pair
-    within = np.arange(int(m.sum()), dtype=np.int64) - np.repeat(seg, m)  # [sum m]
-    differs = ids[np.repeat(cu[1:-1], m) + within] != ids[np.repeat(cu[:-2], m) + within]
-    first = np.where(differs, within, np.repeat(m, m))  # a pair's first differing position, or m
-    out = [0] + np.minimum.reduceat(first, seg).tolist()
-    if namespaces is not None:
-        for s in range(1, n_seq):
-            if namespaces[s] != namespaces[s - 1]:
-                out[s] = 0
-    return out
