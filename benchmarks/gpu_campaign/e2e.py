@@ -7,6 +7,8 @@ request, base64 answers) from its start; the list is long enough that the fastes
 """
 from __future__ import annotations
 
+import json
+import os
 import pickle
 import time
 from pathlib import Path
@@ -117,3 +119,25 @@ def host(s: plan.Sizes, model_dir: Path, *, work: Path, threads: int) -> dict:
     items = sum(len(t) for t in texts)
     return {"name": "host tokenizing", "threads": threads, "items": items, "items_per_s": items / spent,
             "tokens_per_s": tokens / spent}
+
+
+def frontends(s: plan.Sizes, *, logs: Path, deadline_at: float) -> dict:
+    """benchmarks.host_ceiling on this host's cores: the server with a zero-cost forward, one
+    process against ``--api-server-count`` front ends (4 on a GPU host), one-input and
+    embed-template requests, alternating. Shows whether the front ends scale where cores are free."""
+    import subprocess
+    import sys
+
+    cuda = s.device.startswith("cuda")
+    n = 4 if cuda else 2
+    argv = [sys.executable, "-m", "benchmarks.host_ceiling", "--loads", "one-input", "embed-template",
+            "--cache", "default", "--api-servers", "1", str(n), "--rounds", "1", "--json",
+            "--duration", "8" if cuda else "1", "--concurrency", "32" if cuda else "4"]
+    res = subprocess.run(argv, capture_output=True, text=True, timeout=max(10.0, deadline_at - time.time()))
+    (logs / "frontends.out").write_text(res.stdout + res.stderr)
+    if res.returncode != 0:
+        raise RuntimeError(f"host_ceiling exited {res.returncode}: {res.stderr[-400:]}")
+    keys = ("load", "api_server_count", "tokens_per_s", "items_per_s", "cpu_s_per_1m_tokens",
+            "frontends_cpu_s_per_1m_tokens", "all_cpu_s_per_1m_tokens")
+    rows = [{k: r[k] for k in keys} for r in map(json.loads, res.stdout.splitlines()) if r.get("load")]
+    return {"cores": os.cpu_count(), "rows": rows}

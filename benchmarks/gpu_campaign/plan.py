@@ -62,7 +62,7 @@ GPU = Sizes(
     need={"fixture:small": 60, "fixture:mid": 150, "fixture:big": 240, "fixture:reranker": 120,
           "arm:small": 85, "arm:mid": 95, "arm:big": 110, "ceiling": 25, "floor": 90, "host": 40,
           "forward:big": 150, "forward:dtypes": 120, "gpu_check": 300, "exactness": 90, "cache": 60,
-          "launches": 60},
+          "launches": 60, "frontends": 70},
 )
 CPU = Sizes(
     device="cpu", dtype="float32", small="tiny-embedding", mid="tiny-embedding", big="tiny-embedding",
@@ -72,7 +72,7 @@ CPU = Sizes(
     need={"fixture:small": 5, "fixture:mid": 5, "fixture:big": 5, "fixture:reranker": 5,
           "arm:small": 10, "arm:mid": 10, "arm:big": 10, "ceiling": 4, "floor": 15, "host": 4,
           "forward:big": 10, "forward:dtypes": 10, "gpu_check": 20, "exactness": 10, "cache": 10,
-          "launches": 10},
+          "launches": 10, "frontends": 40},
 )
 
 
@@ -135,5 +135,6 @@ def steps(phase: str, s: Sizes) -> list[Step]:
         return [fx("small"), Step("exactness", "exactness", "exactness", {"role": "small"}),
                 Step("launches", "launches", "launches", {"role": "small"}),
                 Step("cache-speed", "cache", "cache", {"role": "small"}),
+                Step("frontends", "frontends", "frontends"),
                 Step("gpu_check", "gpu_check", "gpu_check")]
     raise ValueError(f"unknown phase {phase!r}; choose one of {', '.join(PHASES)}")

@@ -82,6 +82,12 @@ def _other_tables(records: list[dict]) -> list[str]:
             md += ["", "| dtype | mode | rel err vs transformers fp32 | transformers' own | ok |", "|---|---|---|---|---|"]
             md += [f"| {row['dtype']} | {row['mode']} | {row['rel_err']:.2e} | {row['transformers_rel_err']:.2e} | "
                    f"{row['ok']} |" for row in x["rows"]]
+        elif k == "frontends":
+            md += ["", f"Host path with the forward taken out, {x['cores']} cores (`benchmarks.host_ceiling`):", "",
+                   "| load | processes | items/s | tokens/s | CPU-s / 1M, all processes |", "|---|---|---|---|---|"]
+            md += [f"| {row['load']} | {'1' if row['api_server_count'] == 1 else 'engine + ' + str(row['api_server_count'])} | "
+                   f"{_f(row['items_per_s'])} | {_f(row['tokens_per_s'], '{:.0f}')} | "
+                   f"{_f(row['all_cpu_s_per_1m_tokens'], '{:.2f}')} |" for row in x["rows"]]
         elif k == "launches":
             md += ["", "| shape | mode | tokens | unit | per layer | outside layers | forward | commonest in a layer |",
                    "|---|---|---|---|---|---|---|---|"]

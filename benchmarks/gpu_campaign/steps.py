@@ -62,6 +62,10 @@ def run(kind: str, a: dict) -> dict:
         (logs / "sleep.pid").write_text(str(child.pid))
         child.wait()
         return {"slept": a["seconds"]}
+    if kind == "frontends":
+        from benchmarks.gpu_campaign import e2e
+
+        return e2e.frontends(s, logs=logs, deadline_at=deadline_at)
     if kind in ("arm", "ceiling", "floor", "host"):
         from benchmarks.gpu_campaign import e2e
 
