@@ -13,6 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.prefix_cache import PrefixCache, bytes_per_token, capacity_tokens
+from models.prefix_cache.siblings import as_list
 
 BLK = 16
 
@@ -48,7 +49,9 @@ def _check(cache: PrefixCache, live_pending: int = 0) -> None:
     for b in committed:
         pid = b.parent.id if b.parent is not None else b.root
         siblings.setdefault(pid, []).append(b.tokens)
-    assert {pid: list(v) for pid, v in cache._siblings.items()} == {k: sorted(v) for k, v in siblings.items()}
+    held = {pid: list(v) for pid, v in cache._siblings.items()}  # the roots' kids, then each block's
+    held.update((b.id, as_list(b.kids)) for b in committed if b.kids is not None)
+    assert held == {k: sorted(v) for k, v in siblings.items()}
     # the eviction order holds exactly the unpinned committed blocks, each after its children,
     # so its oldest block is always a leaf
     order = cache._order.blocks()

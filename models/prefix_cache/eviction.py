@@ -44,6 +44,14 @@ class EvictionOrder:
         self._lru[b.id] = b
         self._lru.move_to_end(b.id)
 
+    def use_all(self, blocks) -> None:
+        """`use` each of `blocks` in turn."""
+        lru = self._lru
+        move = lru.move_to_end
+        for b in blocks:
+            lru[b.id] = b
+            move(b.id)
+
     def pin(self, b: Any) -> None:
         """`b`, unpinned until now, is pinned by a lease: out of the order until it settles."""
         del self._lru[b.id]

@@ -8,8 +8,8 @@ full, and block ids are never reused, so a hit is always the very same token pre
 K after q/k-norm and rotary at absolute positions, so its rows are valid for any sequence that
 starts with the same tokens. The K/V row of a position depends only on the tokens up to it, so a
 sequence that matches the first k (1..block-1) tokens of a cached child of its last fully matched
-block reads those k rows too (a partial match); `Siblings` (siblings.py) keeps each parent's
-committed children sorted by token bytes, so the longest such k is one bisection whatever the
+block reads those k rows too (a partial match); each parent keeps its committed children's
+token bytes sorted (its `kids`, siblings.py), so the longest such k is one bisection whatever the
 number of siblings (every pair after the reranker template shares one parent). A sequence writes
 its complete blocks that are not cached (including the block it read partially: its own version
 differs from the cached one past the shared tokens) and its tail, the t < block tokens after its
@@ -58,7 +58,7 @@ import torch
 
 from models.prefix_cache.eviction import EvictionOrder
 from models.prefix_cache.shared import shared_with_previous
-from models.prefix_cache.siblings import Siblings
+from models.prefix_cache.siblings import Kids, Siblings, added, count, longest, removed, starts_with
 from models.prefix_cache.size import bytes_per_token
 
 BLOCK_TOKENS = 16
@@ -71,10 +71,15 @@ class _Block:
     tokens: bytes  # the block's token ids, int32: `block` of them, or fewer for a tail block
     depth: int  # block index from position 0
     slot: int  # pool rows slot*block .. slot*block + block - 1
-    refs: int = 0  # leases pinning it
-    children: int = 0  # committed children
     root: int | bytes = 0  # a first block's parent key: 0, or its namespace (bytes, never an id)
+    refs: int = 0  # leases pinning it
+    kids: Kids = None  # its committed children's token bytes (siblings.py)
     mark: int = 0  # the last plan that pinned it (a lease pins a block once)
+
+    @property
+    def children(self) -> int:
+        """Committed children."""
+        return count(self.kids)
 
     @property
     def key(self) -> tuple[int | bytes, bytes]:
@@ -117,7 +122,7 @@ class PrefixCache:
         self.k = alloc(layers, rows, kv_heads, head_dim, dtype=dtype, device=device)
         self.v = alloc(layers, rows, kv_heads, head_dim, dtype=dtype, device=device)
         self._index: dict[tuple[int | bytes, bytes], _Block] = {}
-        self._siblings = Siblings()  # committed children's tokens per parent key: partial look-ups
+        self._siblings = Siblings()  # the roots' committed children (a block holds its own `kids`)
         self._order = EvictionOrder()  # unpinned committed blocks, least recently used first
         self._plans = 0  # plans so far: a block's `mark`
         self._free = list(range(self.n_slots - 1, -1, -1))
@@ -220,7 +225,7 @@ class PrefixCache:
                         # plan committed blocks only leave (evicted unpinned), and the one it found
                         # is pinned, so the longest match and its tie-break are unchanged.
                         last_pk, last_query = pk, query
-                        last_found = siblings.longest(pk, query)
+                        last_found = longest(parent.kids if parent is not None else siblings.get(root), query)
                     tokens, k = last_found
                     if tokens is not None:
                         part = index[(pk, tokens)]
@@ -249,7 +254,7 @@ class PrefixCache:
                         if slot is None:
                             chained = False  # pool full of pinned blocks: write nothing deeper
                             break
-                        mine = _Block(ids_next(), parent, key[1], jj, slot, 0, 0, 0 if parent is not None else root)
+                        mine = _Block(ids_next(), parent, key[1], jj, slot, 0 if parent is not None else root)
                         pending[key] = mine
                         add_new(mine)
                         add_start(a + jj * blk)
@@ -262,11 +267,11 @@ class PrefixCache:
                     pk = parent.id if parent is not None else root
                     key = (pk, raw[4 * (e - tail):4 * e])
                     # not cached (no committed block starts with it), not being written
-                    if (fresh or key not in pending) and not siblings.starts_with(pk, key[1]):
+                    if (fresh or key not in pending) and \
+                            not starts_with(parent.kids if parent is not None else siblings.get(root), key[1]):
                         slot = free.pop() if free else evict()
                         if slot is not None:
-                            mine = _Block(ids_next(), parent, key[1], n_full, slot, 0, 0,
-                                          0 if parent is not None else root)
+                            mine = _Block(ids_next(), parent, key[1], n_full, slot, 0 if parent is not None else root)
                             pending[key] = mine
                             tails.append(len(new_blocks))
                             tail_lens.append(tail)
@@ -293,11 +298,12 @@ class PrefixCache:
         if victim is None:
             return None
         parent = victim.parent
-        pk = parent.id if parent is not None else victim.root
-        del self._index[(pk, victim.tokens)]
-        self._siblings.remove(pk, victim.tokens)
         if parent is not None:
-            parent.children -= 1
+            del self._index[(parent.id, victim.tokens)]
+            parent.kids = removed(parent.kids, victim.tokens)
+        else:
+            del self._index[(victim.root, victim.tokens)]
+            self._siblings.remove(victim.root, victim.tokens)
         self.evictions += 1
         return victim.slot
 
@@ -340,13 +346,13 @@ class PrefixCache:
                     used.append(existing)
                 continue
             index[key] = b
-            siblings.add(key[0], b.tokens)
             if p is not None:
-                p.children += 1
+                p.kids = added(p.kids, b.tokens)
+            else:
+                siblings.add(b.root, b.tokens)
             used.append(b)
         # the eviction order's newest end, children before parents (eviction.py)
-        for b in reversed(used):
-            order.use(b)
+        order.use_all(reversed(used))
         self._unpin(lease)
         self.hits += lease.hits
         self.misses += lease.misses
