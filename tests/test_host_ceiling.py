@@ -56,3 +56,19 @@ def test_smallest_run_has_every_field():
         assert by["loop"] > 0 and r["cpu_s_per_1m_tokens"] > 0
         w = r["worker_non_forward_ms_per_batch"]
         assert (w is None) == (r["worker_batches"] == 0) and (w is None or math.isfinite(w))
+
+
+def test_paired_ratios_are_taken_round_by_round():
+    def row(cache, cpu, tps):
+        return {"load": "embed-template", "prefix_cache_size": cache, "api_server_count": 1,
+                "all_cpu_s_per_1m_tokens": sum(cpu) / len(cpu),
+                "per_round": [{"all_cpu_s_per_1m_tokens": c, "tokens_per_s": t} for c, t in zip(cpu, tps)]}
+
+    on, off = row("auto", [1.2, 2.4, 1.5], [900, 400, 800]), row("0", [1.0, 2.0, 1.5], [1000, 500, 800])
+    [p] = host_ceiling.paired([on, off])
+    assert p["cpu_ratios"] == [1.2, 1.2, 1.0] and p["cpu_ratio_median"] == 1.2
+    assert p["cpu_ratio_summed"] == pytest.approx((1.2 + 2.4 + 1.5) / (1.0 + 2.0 + 1.5), abs=1e-3)
+    assert p["wall_ratios"] == [pytest.approx(1000 / 900, abs=1e-3), 1.25, 1.0]
+    assert "--prefix-cache-size auto" in p["arm"] and "--prefix-cache-size 0" in p["against"]
+    assert host_ceiling.paired([on]) == []  # one arm: nothing to pair
+    assert "median 1.2" in host_ceiling.paired_table([p])
