@@ -97,11 +97,9 @@ def _layout(cache: PrefixCache, lease: Lease, cu: np.ndarray, index: RadixIndex,
         pool_readable = lease.read_rows[np.repeat(offset - first_readable, m) + steps]  # [R]
     # [N'] nodes read from the pool: those of a readable row; a node's rows all share its depth, so
     # this is depth < max m(s) over the sequences through it, prefix-closed along every path
-    read_nodes = rows_of.take(readable)  # [R]
-    cached = np.zeros(n_nodes, dtype=bool)
-    cached[read_nodes] = True
-    pool_row = np.empty(n_nodes, dtype=np.int64)  # [N'] set on cached nodes only
-    pool_row[read_nodes] = pool_readable
+    pool_row = np.full(n_nodes, -1, dtype=np.int64)  # [N'] pool row read for each node, or -1
+    pool_row[rows_of.take(readable)] = pool_readable
+    cached = pool_row >= 0
     keep = ~cached
     n_read = int(np.count_nonzero(cached))
     src = np.empty(n_nodes, dtype=np.int64)  # [N'] row of each node in [pool rows read | new rows]
@@ -115,7 +113,11 @@ def _layout(cache: PrefixCache, lease: Lease, cu: np.ndarray, index: RadixIndex,
     steps_w = np.arange(int(lens_w.sum()), dtype=np.int64)  # [sum lens]
     rows_w = np.repeat(lease.write_starts - first_w, lens_w) + steps_w
     dst_w = np.repeat(lease.write_slots * cache.block - first_w, lens_w) + steps_w
-    hits = _segment_sum(src_of_row < n_read, cu)  # [B]
+    # [B] cached rows of each sequence: a prefix of it, at least its m(s) readable rows, and just
+    # those unless the node at depth m(s) on its path (a row it has: m(s) < len(s)) is cached
+    hits = m
+    if len(m) and int(src_of_row[starts + m].min()) < n_read:
+        hits = _segment_sum(src_of_row < n_read, cu)
     lease.hits = int(hits.sum())
     lease.misses = n - lease.hits
 
