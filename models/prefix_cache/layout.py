@@ -86,8 +86,9 @@ def _layout(cache: PrefixCache, lease: Lease, cu: np.ndarray, index: RadixIndex,
         np.minimum(m, pooled[np.searchsorted(pooled, starts)] - starts, out=m)
     # rows whose K/V this batch may take from the pool: the first m(s) of each sequence, row
     # (s, d) at read_rows[offset(s) + d]; concatenated ranges as one arange plus a per-range shift
-    n_readable = int(m.sum())
-    first_readable = np.cumsum(m) - m  # [B] index of each sequence's first readable row
+    first_readable = np.cumsum(m)
+    n_readable = int(first_readable[-1]) if len(m) else 0
+    first_readable -= m  # [B] index of each sequence's first readable row
     steps = np.arange(n_readable, dtype=np.int64)  # [R]
     readable = np.repeat(starts - first_readable, m) + steps  # [R] original rows, ascending
     if n_readable == len(lease.read_rows):  # m == matched: every matched row is read
@@ -106,13 +107,6 @@ def _layout(cache: PrefixCache, lease: Lease, cu: np.ndarray, index: RadixIndex,
     src[cached] = np.arange(n_read)
     src[keep] = np.arange(n_read, n_nodes)
     src_of_row = src.take(rows_of)  # [N]
-    # written rows, block by block: write_lens[w] rows (block, or t for a tail) from original row
-    # write_starts[w] into slot write_slots[w]: original row -> source row, pool slot -> pool row
-    lens_w = lease.write_lens
-    first_w = np.cumsum(lens_w) - lens_w  # [W] index of each block's first written row
-    steps_w = np.arange(int(lens_w.sum()), dtype=np.int64)  # [sum lens]
-    rows_w = np.repeat(lease.write_starts - first_w, lens_w) + steps_w
-    dst_w = np.repeat(lease.write_slots * cache.block - first_w, lens_w) + steps_w
     # [B] cached rows of each sequence: a prefix of it, at least its m(s) readable rows, and just
     # those unless the node at depth m(s) on its path (a row it has: m(s) < len(s)) is cached
     hits = m
@@ -124,9 +118,18 @@ def _layout(cache: PrefixCache, lease: Lease, cu: np.ndarray, index: RadixIndex,
     def dev(a: np.ndarray) -> Tensor:
         return to_device(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)), device)
 
+    write_rows = write_src = None
+    n_written = int(lease.write_lens.sum())
+    if n_written:
+        # written rows, block by block: write_lens[w] rows (block, or t for a tail) from original
+        # row write_starts[w] into slot write_slots[w]: original row -> source row, slot -> pool row
+        lens_w = lease.write_lens
+        first_w = np.cumsum(lens_w) - lens_w  # [W] index of each block's first written row
+        steps_w = np.arange(n_written, dtype=np.int64)  # [sum lens]
+        write_rows = dev(np.repeat(lease.write_slots * cache.block - first_w, lens_w) + steps_w)
+        write_src = dev(src_of_row.take(np.repeat(lease.write_starts - first_w, lens_w) + steps_w))
     io = CacheIO(cache=cache, lease=lease, read_rows=dev(pool_row[cached]) if n_read else None,
-                 write_rows=dev(dst_w) if dst_w.size else None,
-                 write_src=dev(src_of_row[rows_w]) if dst_w.size else None)
+                 write_rows=write_rows, write_src=write_src)
     # A batch dropped before it ran (or never settled) gives its pins and pending rows back.
     weakref.finalize(io, cache.abort, lease)
     return CachePlan(io=io, cached=cached, src_of_row=src_of_row, n_read=n_read, hits=hits)
