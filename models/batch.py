@@ -173,37 +173,45 @@ def _opt_dev(a: np.ndarray | None, device: torch.device) -> Tensor | None:
 def _owner_keys(rows_of: np.ndarray, cu: np.ndarray, owners: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(cu_k [B'+1], kv_index [sum owner lengths]): compact attention's keys of each owner are its
     whole sequence, rows_of[cu[s]:cu[s+1]] for each owner s, concatenated without a Python loop."""
+    if len(owners) == len(cu) - 1:  # every sequence owns rows: the keys are rows_of as it is
+        return cu, rows_of
     owner_lens = np.diff(cu)[owners]
-    cu_k = np.concatenate([[0], np.cumsum(owner_lens)])
+    cu_k = np.zeros(len(owners) + 1, dtype=np.int64)
+    np.cumsum(owner_lens, out=cu_k[1:])
     starts = np.repeat(cu[owners] - cu_k[:-1], owner_lens)  # [sum owner lens]
-    return cu_k, rows_of[np.arange(int(cu_k[-1]), dtype=np.int64) + starts]
+    starts += np.arange(int(cu_k[-1]), dtype=np.int64)
+    return cu_k, rows_of[starts]
 
 
 def _build_cached(cu: np.ndarray, index: RadixIndex, plan: CachePlan,
                   device: torch.device) -> ForwardBatch:
     """Compact batch whose cached nodes (`plan.cached`) are read from the pool instead of computed:
     the rows are the other nodes, and every row index points into [pool rows read | new rows]."""
-    lens = np.diff(cu)
+    lens = cu[1:] - cu[:-1]  # [B]
     b = len(lens)
     keep = ~plan.cached  # [N'] nodes this batch computes
-    node_ids = np.asarray(index.compact_ids).astype(np.int64)
-    node_pos = np.asarray(index.compact_positions).astype(np.int64)
-    rows_of = np.asarray(index.scatter).astype(np.int64)
-    owned: np.ndarray = np.diff(np.asarray(index.cu_seqlens_q).astype(np.int64))  # [B'] nodes per owner
-    owner_of_node = np.repeat(np.asarray(index.owners).astype(np.int64), owned)  # [N']
-    n_computed = np.bincount(owner_of_node[keep], minlength=b)  # [B] new rows each sequence owns
+    # [B] new rows each sequence owns: an owner's block is the suffix of its path of length
+    # owned(s), and the cached nodes are a prefix of every path (plan.hits of them), so the
+    # block's computed nodes are its last min(owned(s), len(s) - hits(s))
+    owned = np.zeros(b, dtype=np.int64)
+    cu_owned = np.asarray(index.cu_seqlens_q)  # [B'+1]
+    owned[np.asarray(index.owners)] = cu_owned[1:] - cu_owned[:-1]
+    n_computed = np.minimum(owned, lens - plan.hits)
     owners = np.flatnonzero(n_computed)  # ascending = compact order (owners come in batch order)
-    cu_q = np.concatenate([[0], np.cumsum(n_computed[owners])])
+    cu_q = np.zeros(len(owners) + 1, dtype=np.int64)
+    np.cumsum(n_computed[owners], out=cu_q[1:])
     src_of_row, n_read = plan.src_of_row, plan.n_read
     cu_k, kv_index = _owner_keys(src_of_row, cu, owners)
     # NOTE: a cached first token has no hidden row (-1 makes cls pooling fail loudly; the cache
-    # serves last-token heads only, see cache_refusal).
-    first = np.where(plan.cached[rows_of[cu[:-1]]], -1, src_of_row[cu[:-1]] - n_read)
+    # serves last-token heads only, see cache_refusal); a node is cached iff its row < n_read.
+    first = src_of_row[cu[:-1]] - n_read
+    first[first < 0] = -1
     last = src_of_row[cu[1:] - 1] - n_read  # never cached: the plan keeps every pooled row computed
     return ForwardBatch(
-        mode="compact", input_ids=_dev(node_ids[keep], device), positions=_dev(node_pos[keep], device),
-        attn=make_meta(cu_q, cu_k, device), num_seqs=b, num_tokens=int(cu[-1]),
-        seq_lens=tuple(int(x) for x in lens), last_rows=_dev(last, device),
+        mode="compact", input_ids=_dev(np.asarray(index.compact_ids)[keep], device),
+        positions=_dev(np.asarray(index.compact_positions)[keep], device),
+        attn=make_meta(cu_q.tolist(), cu_k.tolist(), device), num_seqs=b, num_tokens=int(cu[-1]),
+        seq_lens=tuple(lens.tolist()), last_rows=_dev(last, device),
         first_rows=_dev(first, device), scatter=None, gather=None, kv_index=_dev(kv_index, device),
-        mean_weights=None, cache=plan.io, cached_tokens=tuple(int(x) for x in plan.hits), kv_host=kv_index,
+        mean_weights=None, cache=plan.io, cached_tokens=tuple(plan.hits.tolist()), kv_host=kv_index,
     )

@@ -21,7 +21,7 @@ from torch import Tensor
 from models.attention import to_device
 from models.prefix_cache.index import Lease, PrefixCache
 from models.prefix_cache.io import CacheIO
-from models.radix import RadixIndex, positions_from_cu_seqlens
+from models.radix import RadixIndex
 
 
 def cache_refusal(*, radix_attention: str, pooling: str, all_tokens: bool = False) -> str | None:
@@ -70,52 +70,73 @@ def plan_batch(cache: PrefixCache, ids: np.ndarray, cu: np.ndarray, index: Radix
 
 def _layout(cache: PrefixCache, lease: Lease, cu: np.ndarray, index: RadixIndex,
             device: torch.device) -> CachePlan:
-    lens = np.diff(cu)
-    n, b = int(cu[-1]), len(lens)
-    depth = positions_from_cu_seqlens(cu, np.int64)  # [N]
-    seq = np.repeat(np.arange(b, dtype=np.int64), lens)  # [N]
-    node_pos = np.asarray(index.compact_positions).astype(np.int64)  # [N']
-    rows_of = np.asarray(index.scatter).astype(np.int64)  # [N] node of each original row
-    n_nodes = len(node_pos)
-    is_last = np.zeros(n_nodes, dtype=bool)
-    is_last[rows_of[cu[1:] - 1]] = True
-    # [B] shallowest depth on each path whose node is a pooled row (its own last token at most)
-    cap = np.minimum.reduceat(np.where(is_last[rows_of], depth, n), cu[:-1]) if b else lens
-    m = np.minimum(lease.matched, cap)  # [B]
-    readable = depth < m[seq]  # [N] rows whose K/V this batch may take from the pool
-    reach = np.zeros(n_nodes, dtype=np.int64)
-    np.maximum.at(reach, rows_of, m[seq])
-    cached = node_pos < reach  # [N'] nodes read from the pool, prefix-closed along every path
-    pool_row = np.full(n_nodes, -1, dtype=np.int64)
-    # row (s, d) with d < m(s) <= matched(s) sits at read_rows[offset(s) + d]
-    offset = np.concatenate([[0], np.cumsum(lease.matched)[:-1]])
-    pool_row[rows_of[readable]] = lease.read_rows[offset[seq[readable]] + depth[readable]]
+    n, starts = int(cu[-1]), cu[:-1]
+    lens = cu[1:] - starts  # [B]
+    rows_of = np.asarray(index.scatter).astype(np.int64)  # [N] node of each original row (once)
+    n_nodes = len(index.compact_ids)
+    # [B] m(s): matched(s) capped at the shallowest depth on its path whose node is a pooled row.
+    # Its own last row is one (depth len(s) - 1); another sequence's, at depth len(s') - 1, can
+    # only cap it lower when len(s') - 1 < matched(s).
+    m = np.minimum(lease.matched, lens - 1)
+    if len(lens) and int(m.max()) > int(lens.min()) - 1:
+        is_last = np.zeros(n_nodes, dtype=bool)
+        is_last[rows_of[cu[1:] - 1]] = True
+        # the first row on a pooled node at or after each sequence's start (its last row at most)
+        pooled = np.flatnonzero(is_last.take(rows_of))  # [K] ascending original rows
+        np.minimum(m, pooled[np.searchsorted(pooled, starts)] - starts, out=m)
+    # rows whose K/V this batch may take from the pool: the first m(s) of each sequence, row
+    # (s, d) at read_rows[offset(s) + d]; concatenated ranges as one arange plus a per-range shift
+    first_readable = np.cumsum(m)
+    n_readable = int(first_readable[-1]) if len(m) else 0
+    first_readable -= m  # [B] index of each sequence's first readable row
+    steps = np.arange(n_readable, dtype=np.int64)  # [R]
+    readable = np.repeat(starts - first_readable, m) + steps  # [R] original rows, ascending
+    if n_readable == len(lease.read_rows):  # m == matched: every matched row is read
+        pool_readable = lease.read_rows
+    else:
+        offset = np.cumsum(lease.matched) - lease.matched  # [B]
+        pool_readable = lease.read_rows[np.repeat(offset - first_readable, m) + steps]  # [R]
+    # [N'] nodes read from the pool: those of a readable row; a node's rows all share its depth, so
+    # this is depth < max m(s) over the sequences through it, prefix-closed along every path
+    pool_row = np.full(n_nodes, -1, dtype=np.int64)  # [N'] pool row read for each node, or -1
+    pool_row[rows_of.take(readable)] = pool_readable
+    cached = pool_row >= 0
     keep = ~cached
-    n_read, n_new = int(cached.sum()), int(keep.sum())
+    n_read = int(np.count_nonzero(cached))
     src = np.empty(n_nodes, dtype=np.int64)  # [N'] row of each node in [pool rows read | new rows]
     src[cached] = np.arange(n_read)
-    src[keep] = n_read + np.arange(n_new)
-    src_of_row = src[rows_of]  # [N]
-    # written rows, block by block: write_lens[w] rows (block, or t for a tail) from original row
-    # write_starts[w] into slot write_slots[w]: original row -> source row, pool slot -> pool row
-    lens_w = lease.write_lens
-    within = np.arange(int(lens_w.sum())) - np.repeat(np.cumsum(lens_w) - lens_w, lens_w)  # [sum lens]
-    rows_w = np.repeat(lease.write_starts, lens_w) + within
-    dst_w = np.repeat(lease.write_slots * cache.block, lens_w) + within
-    hits = _segment_sum(cached[rows_of].astype(np.int64), cu)  # [B]
-    lease.hits, lease.misses = int(hits.sum()), n - int(hits.sum())
+    src[keep] = np.arange(n_read, n_nodes)
+    src_of_row = src.take(rows_of)  # [N]
+    # [B] cached rows of each sequence: a prefix of it, at least its m(s) readable rows, and just
+    # those unless the node at depth m(s) on its path (a row it has: m(s) < len(s)) is cached
+    hits = m
+    if len(m) and int(src_of_row[starts + m].min()) < n_read:
+        hits = _segment_sum(src_of_row < n_read, cu)
+    lease.hits = int(hits.sum())
+    lease.misses = n - lease.hits
 
     def dev(a: np.ndarray) -> Tensor:
         return to_device(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)), device)
 
+    write_rows = write_src = None
+    n_written = int(lease.write_lens.sum())
+    if n_written:
+        # written rows, block by block: write_lens[w] rows (block, or t for a tail) from original
+        # row write_starts[w] into slot write_slots[w]: original row -> source row, slot -> pool row
+        lens_w = lease.write_lens
+        first_w = np.cumsum(lens_w) - lens_w  # [W] index of each block's first written row
+        steps_w = np.arange(n_written, dtype=np.int64)  # [sum lens]
+        write_rows = dev(np.repeat(lease.write_slots * cache.block - first_w, lens_w) + steps_w)
+        write_src = dev(src_of_row.take(np.repeat(lease.write_starts - first_w, lens_w) + steps_w))
     io = CacheIO(cache=cache, lease=lease, read_rows=dev(pool_row[cached]) if n_read else None,
-                 write_rows=dev(dst_w) if dst_w.size else None,
-                 write_src=dev(src_of_row[rows_w]) if dst_w.size else None)
+                 write_rows=write_rows, write_src=write_src)
     # A batch dropped before it ran (or never settled) gives its pins and pending rows back.
     weakref.finalize(io, cache.abort, lease)
     return CachePlan(io=io, cached=cached, src_of_row=src_of_row, n_read=n_read, hits=hits)
 
 
 def _segment_sum(values: np.ndarray, cu: np.ndarray) -> np.ndarray:
-    """[B] sum of values over each sequence's rows (every sequence has >= 1 row)."""
-    return np.add.reduceat(values, cu[:-1]) if len(cu) > 1 else np.zeros(0, values.dtype)
+    """[B] int64 sum of values (bool or int) over each sequence's rows (every sequence has >= 1 row)."""
+    if len(cu) == 1:
+        return np.zeros(0, np.int64)
+    return np.add.reduceat(values, cu[:-1], dtype=np.int64)
