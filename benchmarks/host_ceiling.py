@@ -340,7 +340,8 @@ def host_ceiling(loads: list[str], caches: list[str], *, rounds: int = 2, durati
 
 def paired(rows: list[dict]) -> list[dict]:
     """Each arm against the first arm of its load, round by round: the two ran one right after the
-    other, so a slow spell of the machine hits both and mostly cancels in their ratio.
+    other, so a slow spell of the machine hits both and mostly cancels in their ratio. With
+    ``--json`` these follow the rows, marked ``"paired": true``.
 
     Per load and arm: ``cpu_ratios`` (all CPU-seconds per 1M tokens, this arm over the first, per
     round), their median and range, and the ratio of the summed figures; ``wall_ratios`` the same
@@ -354,7 +355,7 @@ def paired(rows: list[dict]) -> list[dict]:
                    for b, x in zip(base["per_round"], r["per_round"]) if x["all_cpu_s_per_1m_tokens"]]
             wall = [x["tokens_per_s"] / b["tokens_per_s"]
                     for b, x in zip(base["per_round"], r["per_round"]) if b["tokens_per_s"]]
-            out.append({"load": load, "arm": _arm(base), "against": _arm(r),
+            out.append({"paired": True, "load": load, "arm": _arm(base), "against": _arm(r),
                         "cpu_ratios": [round(v, 3) for v in cpu],
                         "cpu_ratio_median": round(statistics.median(cpu), 3) if cpu else None,
                         "cpu_ratio_summed": round(base["all_cpu_s_per_1m_tokens"] / r["all_cpu_s_per_1m_tokens"], 3)

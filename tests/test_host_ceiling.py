@@ -69,6 +69,6 @@ def test_paired_ratios_are_taken_round_by_round():
     assert p["cpu_ratios"] == [1.2, 1.2, 1.0] and p["cpu_ratio_median"] == 1.2
     assert p["cpu_ratio_summed"] == pytest.approx((1.2 + 2.4 + 1.5) / (1.0 + 2.0 + 1.5), abs=1e-3)
     assert p["wall_ratios"] == [pytest.approx(1000 / 900, abs=1e-3), 1.25, 1.0]
-    assert "--prefix-cache-size auto" in p["arm"] and "--prefix-cache-size 0" in p["against"]
+    assert p["paired"] and "--prefix-cache-size auto" in p["arm"] and "--prefix-cache-size 0" in p["against"]
     assert host_ceiling.paired([on]) == []  # one arm: nothing to pair
     assert "median 1.2" in host_ceiling.paired_table([p])

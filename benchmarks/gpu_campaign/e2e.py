@@ -139,5 +139,5 @@ def frontends(s: plan.Sizes, *, logs: Path, deadline_at: float) -> dict:
         raise RuntimeError(f"host_ceiling exited {res.returncode}: {res.stderr[-400:]}")
     keys = ("load", "api_server_count", "tokens_per_s", "items_per_s", "cpu_s_per_1m_tokens",
             "frontends_cpu_s_per_1m_tokens", "all_cpu_s_per_1m_tokens")
-    rows = [{k: r[k] for k in keys} for r in map(json.loads, res.stdout.splitlines()) if r.get("load")]
+    rows = [{k: r[k] for k in keys} for r in map(json.loads, res.stdout.splitlines()) if "api_server_count" in r]
     return {"cores": os.cpu_count(), "rows": rows}
