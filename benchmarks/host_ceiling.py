@@ -1,7 +1,7 @@
 """The host ceiling: the real server with a zero-cost forward, so what is measured is everything else.
 
-    python -m benchmarks.host_ceiling [--loads embed-template rerank one-input] [--duration 8]
-        [--requests N] [--cache default 0] [--api-servers 1 2] [--rounds 2] [--json]
+    python -m benchmarks.host_ceiling [--loads embed-template rerank one-input] [--duration 4]
+        [--requests N] [--cache default 0] [--api-servers 1 2] [--rounds 6] [--json]
 
 Each server is the real CLI (``server.cli.main``: HTTP stack, JSON, tokenization, scheduler,
 trie, prefix cache plan and commit) in a subprocess, on the tiny fixtures, with the runner's
@@ -21,7 +21,9 @@ such as the tokenizers' and torch's own, which run without the GIL; ``other``: t
 that ended included), and the worker thread's CPU time per batch outside the forward (a small
 batch at an idle pipeline runs on the prep thread instead: ``worker batches`` counts the others). Per-thread CPU time is read in the
 server process through an opt-in hook (``--serve-child``, answering "stats" on stdin) from each
-thread's CPU clock (``time.pthread_getcpuclockid``). With front-end processes (``--api-servers``
+thread's CPU clock (``time.pthread_getcpuclockid``). Last, each setting against the first of its
+load, round by round (the two ran one right after the other, so a slow spell of the machine
+mostly cancels in their ratio), with the median. With front-end processes (``--api-servers``
 above 1) the threads are the engine's; each front end's CPU time is read from /proc (its
 utime + stime) and reported per process (``frontends``: their sum, ``each``: per front end), and
 ``all`` is the engine's plus theirs. Nothing is asserted; the figures are in
@@ -302,7 +304,7 @@ def merge(runs: list[dict]) -> dict:
     }
 
 
-def host_ceiling(loads: list[str], caches: list[str], *, rounds: int = 2, duration: float | None = 8.0,
+def host_ceiling(loads: list[str], caches: list[str], *, rounds: int = 6, duration: float | None = 4.0,
                  requests: int | None = None, concurrency: int = 8, queries: int | None = None,
                  extra: list[str] | None = None, log: bool = False, api_servers: tuple[int, ...] = (1,)) -> list[dict]:
     """One row per (load, cache setting, front-end count): the figures of ``figures``, summed over
@@ -406,8 +408,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="--prefix-cache-size of each server, alternated ('default': the server's default)")
     ap.add_argument("--api-servers", nargs="+", type=int, default=[1], metavar="N",
                     help="--api-server-count of each server, alternated (1: one process; N: N front ends and the engine)")
-    ap.add_argument("--rounds", type=int, default=2, help="measured runs per load and cache setting")
-    ap.add_argument("--duration", type=float, default=8.0, help="seconds per measured run")
+    ap.add_argument("--rounds", type=int, default=6,
+                    help="measured runs per load and setting (short runs, many rounds: steadier paired ratios)")
+    ap.add_argument("--duration", type=float, default=4.0, help="seconds per measured run")
     ap.add_argument("--requests", type=int, default=None, help="requests per measured run (instead of --duration)")
     ap.add_argument("--concurrency", type=int, default=8)
     ap.add_argument("--queries", type=int, default=None,
