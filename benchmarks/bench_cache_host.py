@@ -48,11 +48,11 @@ def rerank_batches(runner, *, n: int, seed: int) -> list[list[list[int]]]:
     return [tmpl.encode(s.query, s.passages, max_length=8192, truncate=True) for s in data[:n]]
 
 
-def cache_cost(batches, *, capacity: int) -> dict[str, float]:
+def cache_cost(batches, *, capacity: int, block: int = 16) -> dict[str, float]:
     """CPU-seconds per 1M tokens of plan and of commit over `batches` (each planned before the
-    previous one commits), with the hit rate and evictions."""
+    previous one commits), with the hit rate and evictions, on a pool of `block`-token blocks."""
     cache = PrefixCache(layers=1, kv_heads=1, head_dim=2, capacity=capacity, dtype=torch.float32,
-                        device="cpu")
+                        device="cpu", block=block)
     packed = [_pack(seqs) for seqs in batches]
     plan_s = commit_s = 0.0
     held = None
@@ -182,4 +182,10 @@ def host_main(args) -> int:
         print(f"{load:>15} {c['tokens_per_batch']:>7.0f} {c['hit']:>5.2f} {c['evictions']:>6.0f} "
               f"{c['plan']:>10.3f} {c['commit']:>11.3f} {w['prepare_ms']:>12.2f} {w['run_ms']:>9.3f} | "
               f"{'':>15} {p['rs-prep']:>6.2f} {p['rs-worker']:>6.3f} {p['rs-settle']:>6.3f}")
+        sizes = [b for b in args.host_block if b != 16]
+        for block in sizes:  # the same pool in tokens, cut into larger blocks: plan and commit alone
+            runs = [cache_cost(batches, capacity=args.host_capacity, block=block) for _ in range(3)]
+            c = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+            print(f"{'  block ' + str(block):>15} {'':>7} {c['hit']:>5.2f} {c['evictions']:>6.0f} "
+                  f"{c['plan']:>10.3f} {c['commit']:>11.3f}")
     return 0
