@@ -219,7 +219,11 @@ class Engine:
         finally:
             fe.tasks.pop(sid, None)
         if not fe.gone:
-            fe.channel.send(reply)
+            try:
+                fe.channel.send(reply)
+            except Exception as exc:  # noqa: BLE001 - an answer that does not pickle fails its request only
+                log.error("request id %s: the answer does not pickle: %s: %s", request_id, type(exc).__name__, exc)
+                fe.channel.send(("error", sid, "batch", f"{type(exc).__name__}: {exc}"))
 
     async def _scrape(self, fe: FrontEnd, sid: int) -> None:
         families = await self.gather()
