@@ -29,15 +29,6 @@ AUTH = {"authorization": f"Bearer {KEY}"}
 TEXTS = ["the first text", "a second, longer text about prefixes", "third"]
 
 
-def test_wire_round_trips_token_ids():
-    from server.frontends import wire
-
-    items = [[5, 6, 7], [1], list(range(300))]
-    flat, offsets = wire.pack_items(items)
-    assert flat.dtype == np.int32 and offsets.tolist() == [0, 3, 4, 304]
-    assert wire.unpack_items(flat, offsets) == items
-
-
 def test_merged_metrics_sum_every_process():
     from scheduler.metrics import Metrics
     from server.frontends import metrics_merge

@@ -49,8 +49,7 @@ COLLECT_TIMEOUT_S = 5.0  # a front end that does not answer a metrics collection
 class FrontEnd:
     index: int
     proc: subprocess.Popen
-    reader: asyncio.StreamReader
-    writer: asyncio.StreamWriter
+    channel: wire.Channel = field(init=False)
     tasks: dict[int, asyncio.Task] = field(default_factory=dict)
     gone: bool = False
 
@@ -117,7 +116,7 @@ class Engine:
             await asyncio.sleep(0.2)
         for fe in self.frontends:
             if not fe.gone:
-                fe.writer.write(wire.frame(("startup", dict(seconds))))
+                fe.channel.send(("startup", dict(seconds)))
 
     async def _spawn(self, index: int, sock: socket.socket, uds: socket.socket | None, view: RunnerView) -> FrontEnd:
         mine, theirs = socket.socketpair()
@@ -125,13 +124,22 @@ class Engine:
         proc = subprocess.Popen([sys.executable, "-m", "server.frontends.frontend", *map(str, fds)],
                                 pass_fds=fds, start_new_session=True)
         theirs.close()
-        reader, writer = await asyncio.open_connection(sock=mine)
+        fe = await self.connect(index, proc, mine)
         assert self.scheduler is not None
-        writer.write(wire.frame(("hello", {"config": self.config, "view": view, "index": index,
-                                           "alive": self.scheduler.alive})))
-        fe = FrontEnd(index, proc, reader, writer)
-        asyncio.get_running_loop().create_task(self._serve(fe))
+        fe.channel.send(("hello", {"config": self.config, "view": view, "index": index,
+                                   "alive": self.scheduler.alive}))
         log.info("front end %d started (pid %d)", index, proc.pid)
+        return fe
+
+    async def connect(self, index: int, proc: subprocess.Popen, sock: socket.socket) -> FrontEnd:
+        """Serve front end ``index`` (process ``proc``) on ``sock``, the engine's end of its pair."""
+        fe = FrontEnd(index, proc)
+
+        def made() -> wire.Channel:  # set before any message arrives
+            fe.channel = wire.Channel(lambda msg: self._on_message(fe, msg), lambda exc: self._on_lost(fe))
+            return fe.channel
+
+        await asyncio.get_running_loop().create_connection(made, sock=sock)
         return fe
 
     async def _serve_side(self, sock: socket.socket):
@@ -160,30 +168,31 @@ class Engine:
         return server
 
     # -- serving a front end --------------------------------------------------------------------
-    async def _serve(self, fe: FrontEnd) -> None:
-        try:
-            while True:
-                msg = await wire.read(fe.reader)
-                kind = msg[0]
-                if kind == "submit":
-                    fe.tasks[msg[1]] = asyncio.get_running_loop().create_task(self._submit(fe, *msg[1:]))
-                elif kind == "cancel":
-                    task = fe.tasks.pop(msg[1], None)
-                    if task is not None:
-                        task.cancel()
-                elif kind == "scrape":
-                    asyncio.get_running_loop().create_task(self._scrape(fe, msg[1]))
-                elif kind == "collected":
-                    future = self._collects.pop(msg[1], None)
-                    if future is not None and not future.done():
-                        future.set_result(msg[2])
-                else:
-                    log.error("front end %d sent an unknown message %r", fe.index, kind)
-        except (asyncio.IncompleteReadError, ConnectionError, OSError):
-            pass
+    def _on_message(self, fe: FrontEnd, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "submit":
+            fe.tasks[msg[1]] = asyncio.get_running_loop().create_task(self._submit(fe, *msg[1:]))
+        elif kind == "cancel":
+            task = fe.tasks.pop(msg[1], None)
+            if task is not None:
+                task.cancel()
+        elif kind == "scrape":
+            asyncio.get_running_loop().create_task(self._scrape(fe, msg[1]))
+        elif kind == "collected":
+            future = self._collects.pop(msg[1], None)
+            if future is not None and not future.done():
+                future.set_result(msg[2])
+        else:
+            log.error("front end %d sent an unknown message %r", fe.index, kind)
+
+    def _on_lost(self, fe: FrontEnd) -> None:
+        """The front end's end of the pair closed (it exited, or is exiting): reap it."""
         fe.gone = True
         for task in fe.tasks.values():
             task.cancel()
+        asyncio.get_running_loop().create_task(self._reap(fe))
+
+    async def _reap(self, fe: FrontEnd) -> None:
         code = await asyncio.get_running_loop().run_in_executor(None, fe.proc.wait)
         if not self.stopping:
             log.error("front end %d (pid %d) exited with status %d: stopping the server (exit status %d); "
@@ -192,14 +201,14 @@ class Engine:
         else:
             log.info("front end %d (pid %d) exited with status %d", fe.index, fe.proc.pid, code)
 
-    async def _submit(self, fe: FrontEnd, sid: int, flat, offsets, request_id: str | None, all_tokens: bool,
-                      namespace: bytes) -> None:
+    async def _submit(self, fe: FrontEnd, sid: int, items: list[list[int]], request_id: str | None,
+                      all_tokens: bool, namespace: bytes) -> None:
         assert self.scheduler is not None
         try:
-            result = await self.scheduler.submit(wire.unpack_items(flat, offsets), request_id=request_id,
-                                                 all_tokens=all_tokens, namespace=namespace)
-            reply: tuple = ("result", sid, result.outputs, result.queue_time_s, result.inference_time_s,
-                            result.compute_tokens)
+            result = await self.scheduler.submit(items, request_id=request_id, all_tokens=all_tokens,
+                                                 namespace=namespace)
+            reply: tuple = ("result", sid, wire.pack_outputs(result.outputs), result.queue_time_s,
+                            result.inference_time_s, result.compute_tokens)
         except BatchFailed as exc:
             reply = ("error", sid, "batch", str(exc))
         except WorkerDead as exc:
@@ -210,12 +219,16 @@ class Engine:
         finally:
             fe.tasks.pop(sid, None)
         if not fe.gone:
-            fe.writer.write(wire.frame(reply))
+            try:
+                fe.channel.send(reply)
+            except Exception as exc:  # noqa: BLE001 - an answer that does not pickle fails its request only
+                log.error("request id %s: the answer does not pickle: %s: %s", request_id, type(exc).__name__, exc)
+                fe.channel.send(("error", sid, "batch", f"{type(exc).__name__}: {exc}"))
 
     async def _scrape(self, fe: FrontEnd, sid: int) -> None:
         families = await self.gather()
         if not fe.gone:
-            fe.writer.write(wire.frame(("scraped", sid, families)))
+            fe.channel.send(("scraped", sid, families))
 
     async def gather(self) -> list:
         """The engine's metric families and every live front end's, summed (metrics_merge.py)."""
@@ -225,7 +238,7 @@ class Engine:
             if not fe.gone:
                 cid = next(self._ids)
                 self._collects[cid] = future = loop.create_future()
-                fe.writer.write(wire.frame(("collect", cid)))
+                fe.channel.send(("collect", cid))
                 asks.append((cid, future))
         if asks:
             await asyncio.wait([f for _, f in asks], timeout=COLLECT_TIMEOUT_S)
@@ -250,7 +263,7 @@ class Engine:
                   type(exc).__name__, exc, EXIT_WORKER_DEAD)
         for fe in self.frontends:
             if not fe.gone:
-                fe.writer.write(wire.frame(("dead", "the model worker died")))
+                fe.channel.send(("dead", "the model worker died"))
         self.stop("the model worker died", exit_code=EXIT_WORKER_DEAD)
 
     def stop(self, reason: str, *, exit_code: int = 0, signal_frontends: bool = False) -> None:

@@ -1,10 +1,10 @@
 """The front end's scheduler: ``ServedScheduler`` over the socket to the engine process.
 
-``submit`` packs the token ids (wire.py), sends them with the request id, ``all_tokens`` and the
-cache namespace, and awaits the engine's answer: the outputs as the real scheduler returns them,
-or its error re-raised here as ``BatchFailed`` (500) or ``WorkerDead`` (503). A cancelled submit
-(the client went away, or the drain cut it off) sends a cancel, and the engine cancels its own
-submit, which drops the entries still queued. ``alive`` is the engine's word: false once it says
+``submit`` sends the token ids with the request id, ``all_tokens`` and the cache namespace (one
+frame, written with the others of its loop iteration: wire.py), and awaits the engine's answer:
+the outputs as the real scheduler returns them, or its error re-raised here as ``BatchFailed``
+(500) or ``WorkerDead`` (503). A cancelled submit (the client went away, or the drain cut it
+off) sends a cancel, and the engine cancels its own submit, which drops the entries still queued. ``alive`` is the engine's word: false once it says
 its model worker died, or once the connection ends (the engine is gone); either fails every
 pending submit with ``WorkerDead`` and calls ``on_death`` once, which drains this front end and
 makes it exit non-zero. The engine may ask for this process's metric families at any time (a
@@ -39,7 +39,7 @@ class RemoteScheduler:
         self._stopping = False
         self._ids = itertools.count()
         self._waiting: dict[int, asyncio.Future] = {}
-        self._writer: asyncio.StreamWriter | None = None
+        self._channel: wire.Channel | None = None
         self._ready: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
 
@@ -55,81 +55,87 @@ class RemoteScheduler:
         """Open the connection on the running loop (the app's lifespan calls this)."""
         if self._task is None:
             self._ready = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._read_loop())
+            self._task = asyncio.get_running_loop().create_task(self._open())
 
     def stop(self, drain: bool = True, timeout: float = 30.0) -> None:
         """Close the connection (the front end is exiting); the engine sees its end of file."""
         self._stopping = True
-        if self._writer is not None:
-            self._writer.close()
+        if self._channel is not None:
+            self._channel.close()
 
     async def submit(self, items: list[list[int]], *, request_id: str | None = None,
                      all_tokens: bool = False, namespace: bytes = b"") -> SubmitResult:
         if not items:
             raise ValueError("submit needs at least one item")
-        writer = await self._connected()
+        channel = self._channel if self._channel is not None and self.alive else await self._connected()
         sid = next(self._ids)
-        future = asyncio.get_running_loop().create_future()
+        future = channel.loop.create_future()
         self._waiting[sid] = future
-        flat, offsets = wire.pack_items(items)
-        writer.write(wire.frame(("submit", sid, flat, offsets, request_id, all_tokens, namespace)))
+        channel.send(("submit", sid, items, request_id, all_tokens, namespace))
         try:
             return await future
         except asyncio.CancelledError:
             if self._waiting.pop(sid, None) is not None and not self._closed:
-                writer.write(wire.frame(("cancel", sid)))
+                channel.send(("cancel", sid))
             raise
         finally:
             self._waiting.pop(sid, None)
 
     async def scrape(self) -> list:
         """Every process's metric families, merged by the engine (metrics_merge.py)."""
-        writer = await self._connected()
+        channel = await self._connected()
         sid = next(self._ids)
-        future = asyncio.get_running_loop().create_future()
+        future = channel.loop.create_future()
         self._waiting[sid] = future
-        writer.write(wire.frame(("scrape", sid)))
+        channel.send(("scrape", sid))
         try:
             return await asyncio.wait_for(future, SCRAPE_TIMEOUT_S)
         finally:
             self._waiting.pop(sid, None)
 
-    async def _connected(self) -> asyncio.StreamWriter:
+    async def _connected(self) -> wire.Channel:
         if not self.alive:
             raise WorkerDead("the engine process is not running")
-        if self._writer is None:
+        if self._channel is None:
             assert self._ready is not None, "start() first"
             await self._ready.wait()
-        if self._writer is None or not self.alive:
+        if self._channel is None or not self.alive:
             raise WorkerDead("the engine process is not running")
-        return self._writer
+        return self._channel
 
-    async def _read_loop(self) -> None:
+    async def _open(self) -> None:
         assert self._ready is not None
+        def made() -> wire.Channel:  # set before any message arrives (an early "collect" answers on it)
+            self._channel = wire.Channel(self._dispatch, self._lost)
+            return self._channel
+
         try:
-            reader, self._writer = await asyncio.open_connection(sock=self._sock)
-            self._ready.set()
-            while True:
-                self._dispatch(await wire.read(reader))
-        except (asyncio.IncompleteReadError, ConnectionError, OSError) as exc:
-            if not self._stopping:
-                self._died(f"the engine process is gone ({type(exc).__name__})", closed=True)
+            await asyncio.get_running_loop().create_connection(made, sock=self._sock)
+        except OSError as exc:
+            self._lost(exc)
         finally:
             self._ready.set()
+
+    def _lost(self, exc: BaseException | None) -> None:
+        if not self._stopping:
+            name = type(exc).__name__ if exc is not None else "end of file"
+            self._died(f"the engine process is gone ({name})", closed=True)
 
     def _dispatch(self, msg: tuple) -> None:
         kind = msg[0]
         if kind == "result":
-            _, sid, outputs, queue_s, inference_s, compute = msg
-            self._settle(sid, result=SubmitResult(outputs, queue_s, inference_s, compute))
+            _, sid, packed, queue_s, inference_s, compute = msg
+            future = self._waiting.pop(sid, None)
+            if future is not None and not future.done():  # else cancelled here meanwhile
+                future.set_result(SubmitResult(wire.unpack_outputs(packed), queue_s, inference_s, compute))
         elif kind == "error":
             _, sid, what, text = msg
             self._settle(sid, error=BatchFailed(text) if what == "batch" else WorkerDead(text))
         elif kind == "scraped":
             self._settle(sid=msg[1], result=msg[2])
         elif kind == "collect":
-            assert self._writer is not None
-            self._writer.write(wire.frame(("collected", msg[1], list(self._own.registry.collect()))))
+            assert self._channel is not None
+            self._channel.send(("collected", msg[1], list(self._own.registry.collect())))
         elif kind == "startup":
             self.startup.update(msg[1])
         elif kind == "dead":
