@@ -12,6 +12,7 @@ import pytest
 
 from benchmarks import host_ceiling
 from benchmarks.host_ceiling import GROUPS, figures, group_of
+from benchmarks.paired_rounds import paired, paired_table
 
 
 def test_group_of_names_the_server_threads():
@@ -65,10 +66,10 @@ def test_paired_ratios_are_taken_round_by_round():
                 "per_round": [{"all_cpu_s_per_1m_tokens": c, "tokens_per_s": t} for c, t in zip(cpu, tps)]}
 
     on, off = row("auto", [1.2, 2.4, 1.5], [900, 400, 800]), row("0", [1.0, 2.0, 1.5], [1000, 500, 800])
-    [p] = host_ceiling.paired([on, off])
+    [p] = paired([on, off])
     assert p["cpu_ratios"] == [1.2, 1.2, 1.0] and p["cpu_ratio_median"] == 1.2
     assert p["cpu_ratio_summed"] == pytest.approx((1.2 + 2.4 + 1.5) / (1.0 + 2.0 + 1.5), abs=1e-3)
     assert p["wall_ratios"] == [pytest.approx(1000 / 900, abs=1e-3), 1.25, 1.0]
     assert p["paired"] and "--prefix-cache-size auto" in p["arm"] and "--prefix-cache-size 0" in p["against"]
-    assert host_ceiling.paired([on]) == []  # one arm: nothing to pair
-    assert "median 1.2" in host_ceiling.paired_table([p])
+    assert paired([on]) == []  # one arm: nothing to pair
+    assert "median 1.2" in paired_table([p])
