@@ -161,6 +161,8 @@ def parse_args(argv):
     p.add_argument("--host-batches", type=int, default=12, help="--host: batches per load")
     p.add_argument("--host-block", type=int, nargs="+", default=[16], metavar="TOKENS",
                    help="--host: block sizes for plan/commit alone (the server uses 16)")
+    p.add_argument("--host-repeat-capacity", type=int, default=65536, metavar="TOKENS",
+                   help="--host-block: the pool the load goes through twice (hits against block size)")
     p.add_argument("--host-capacity", type=int, default=24576,
                    help="--host: pool tokens (below a few batches' worth: eviction under pressure)")
     return p.parse_args(argv)

@@ -182,10 +182,15 @@ def host_main(args) -> int:
         print(f"{load:>15} {c['tokens_per_batch']:>7.0f} {c['hit']:>5.2f} {c['evictions']:>6.0f} "
               f"{c['plan']:>10.3f} {c['commit']:>11.3f} {w['prepare_ms']:>12.2f} {w['run_ms']:>9.3f} | "
               f"{'':>15} {p['rs-prep']:>6.2f} {p['rs-worker']:>6.3f} {p['rs-settle']:>6.3f}")
-        sizes = [b for b in args.host_block if b != 16]
-        for block in sizes:  # the same pool in tokens, cut into larger blocks: plan and commit alone
-            runs = [cache_cost(batches, capacity=args.host_capacity, block=block) for _ in range(3)]
-            c = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-            print(f"{'  block ' + str(block):>15} {'':>7} {c['hit']:>5.2f} {c['evictions']:>6.0f} "
-                  f"{c['plan']:>10.3f} {c['commit']:>11.3f}")
+        if args.host_block != [16]:
+            # the same pool in tokens cut into other blocks: plan and commit alone, then the hit rate
+            # of the load sent twice through a pool that holds about half of it (a tail or a block a
+            # sequence diverges in holds a whole slot, so larger blocks hold fewer sequences)
+            twice = args.host_repeat_capacity
+            for block in args.host_block:
+                runs = [cache_cost(batches, capacity=args.host_capacity, block=block) for _ in range(3)]
+                c = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+                again = cache_cost(batches + batches, capacity=twice, block=block)["hit"]
+                print(f"{'  block ' + str(block):>15} {'':>7} {c['hit']:>5.2f} {c['evictions']:>6.0f} "
+                      f"{c['plan']:>10.3f} {c['commit']:>11.3f}   hit {again:.2f} with the load twice, pool {twice}")
     return 0
