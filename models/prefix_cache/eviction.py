@@ -38,14 +38,9 @@ class EvictionOrder:
         """`b` was published or unpinned by a settling batch: the newest block."""
         self._lru[b.id] = b
 
-    def use(self, b: Any) -> None:
-        """`b`, unpinned, was used by a settling batch (published by it, or duplicated by one of its
-        blocks): the newest block, added or moved there."""
-        self._lru[b.id] = b
-        self._lru.move_to_end(b.id)
-
     def use_all(self, blocks) -> None:
-        """`use` each of `blocks` in turn."""
+        """Each of `blocks` in turn, unpinned and used by a settling batch (published by it, or
+        duplicated by one of its blocks), becomes the newest block, added or moved there."""
         lru = self._lru
         move = lru.move_to_end
         for b in blocks:
