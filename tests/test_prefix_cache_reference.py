@@ -25,7 +25,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from models.prefix_cache import PrefixCache
-from models.prefix_cache.siblings import Siblings
+from models.prefix_cache.siblings import Siblings, longest, starts_with
 
 BLK = 16
 
@@ -247,19 +247,20 @@ def test_siblings_find_the_longest_shared_run(children, query):
     kids = {_b(c) for c in children}
     for c in kids:
         sib.add(7, c)
+    held = sib.get(7)  # one parent's kids: what a block holds for its own children
     best = 0
     for c in kids:
         n = 0
         while n < min(len(c), 4 * len(query)) // 4 and c[4 * n:4 * n + 4] == _b(query)[4 * n:4 * n + 4]:
             n += 1
         best = max(best, n)
-    tokens, k = sib.longest(7, _b(query))
+    tokens, k = longest(held, _b(query))
     assert k == best
     assert (tokens is None) == (best == 0)
     if tokens is not None:
         assert tokens in kids and tokens[:4 * k] == _b(query)[:4 * k]
-    assert sib.starts_with(7, _b(query)) == any(c.startswith(_b(query)) for c in kids)
-    assert sib.longest(8, _b(query)) == (None, 0)  # another parent's children are never seen
+    assert starts_with(held, _b(query)) == any(c.startswith(_b(query)) for c in kids)
+    assert longest(sib.get(8), _b(query)) == (None, 0)  # another parent's children are never seen
     for c in kids:
         sib.remove(7, c)
-    assert sib.longest(7, _b(query)) == (None, 0) and not list(sib.items())
+    assert sib.get(7) is None and not list(sib.items())

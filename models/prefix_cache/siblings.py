@@ -99,12 +99,6 @@ class Siblings:
         else:
             self._kids[parent] = kids
 
-    def longest(self, parent: int | bytes, query: bytes) -> tuple[bytes | None, int]:
-        return longest(self._kids.get(parent), query)
-
-    def starts_with(self, parent: int | bytes, query: bytes) -> bool:
-        return starts_with(self._kids.get(parent), query)
-
     def clear(self) -> None:
         self._kids.clear()
 
