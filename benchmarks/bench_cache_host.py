@@ -9,12 +9,15 @@ For each load the batches go through a host-only `PrefixCache` (1 layer, 1 head:
 does not change the bookkeeping) of `--host-capacity` tokens, in the pipeline's order: batch k+1
 is planned before batch k is committed, so eviction runs under pressure once the pool is full.
 Each step is timed in CPU-seconds of the calling thread (`time.thread_time`), so other processes'
-load does not count; the figures are the median of three runs, each with a fresh cache. Then the runner's own path: `prepare` and `run` with the forward replaced by
-one that returns zeros of the right shape; the worker's figure is the CPU time of `run` (all of
-it is host work outside the forward). Last, the same batches through a real `Scheduler` (one
-request per batch, 4 in flight, forwards on the worker): the CPU time of each of its threads per
-batch, read from the threads' own clocks (`pthread_getcpuclockid`); the worker's is its whole
-host time per batch outside the (zero-cost) forward.
+load does not count; the figures are the median of three runs, each with a fresh cache. Then
+the runner's own path: `prepare` and `run` with the forward replaced by one that returns zeros of
+the right shape; the worker's figure is the CPU time of `run` (all of it is host work outside the
+forward). Last, the same batches through a real `Scheduler` (one request per batch, 4 in flight,
+forwards on the worker): the CPU time of each of its threads per batch, read from the threads'
+own clocks (`pthread_getcpuclockid`); the worker's is its whole host time per batch outside the
+(zero-cost) forward. With `--host-block`, plan and commit alone on other block sizes of the same
+pool, and the hit rate of each load sent twice through a `--host-repeat-capacity` pool (what
+larger blocks cost in pool space).
 
     python -m benchmarks.bench_cache --host
 """

@@ -4,10 +4,10 @@
 frame, written with the others of its loop iteration: wire.py), and awaits the engine's answer:
 the outputs as the real scheduler returns them, or its error re-raised here as ``BatchFailed``
 (500) or ``WorkerDead`` (503). A cancelled submit (the client went away, or the drain cut it
-off) sends a cancel, and the engine cancels its own submit, which drops the entries still queued. ``alive`` is the engine's word: false once it says
-its model worker died, or once the connection ends (the engine is gone); either fails every
-pending submit with ``WorkerDead`` and calls ``on_death`` once, which drains this front end and
-makes it exit non-zero. The engine may ask for this process's metric families at any time (a
+off) sends a cancel, and the engine cancels its own submit, which drops the entries still
+queued. ``alive`` is the engine's word: false once it says its model worker died, or once the
+connection ends (the engine is gone); either fails every pending submit with ``WorkerDead`` and
+calls ``on_death`` once, which drains this front end and makes it exit non-zero. The engine may ask for this process's metric families at any time (a
 scrape on any front end gathers all of them); the answer is built on the event loop.
 """
 from __future__ import annotations
