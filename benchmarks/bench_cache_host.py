@@ -34,7 +34,7 @@ import torch
 
 from loadtest.datasets import synthetic
 from models.prefix_cache import PrefixCache
-from models.prompts import RerankTemplate
+from models.text.prompts import RerankTemplate
 
 
 def _pack(seqs) -> tuple[np.ndarray, np.ndarray]:
@@ -162,7 +162,7 @@ def pipeline_cost(runner, batches, *, capacity: int, concurrency: int = 4) -> di
 
 
 def host_main(args) -> int:
-    from benchmarks.bench_cache import workload_batches
+    from benchmarks.cache_workloads import workload_batches
     import fixtures
     from models.runner import load_runner
 

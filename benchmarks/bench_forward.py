@@ -8,7 +8,7 @@ the `off` forward's measured time instead. `idx_ms` is the host time of building
 the batch: what the threshold gate spends (on the prep thread) even when it then runs `off`.
 `--prefix 0` shares nothing, the case where radix on must cost no more than off.
 `--ab OLD_ROOT` instead times this checkout's model against the model code of another checkout
-(its models/qwen3.py and models/loader.py, same weights, same batches, same attention backend
+(its models/qwen3.py and models/checkpoint/loader.py, same weights, same batches, same attention backend
 and gathers) in one process, alternating old/new within each round, so machine load hits both
 alike: the way to measure a model-code change on a shared, noisy machine.
 `--count-ops` instead prints the operators one decoder layer dispatches per forward (torch
@@ -32,9 +32,9 @@ import torch
 from benchmarks.bench_forward_ab import ab, attention_ab, count_ops, old_model
 from benchmarks.synthetic import MODES, synthetic_batch
 from models.batch import build_forward_batch
-from models.config import ModelConfig
+from models.checkpoint.config import ModelConfig
 from models.runner import Runner, load_runner
-from models.radix import build_index, positions_from_cu_seqlens
+from models.trie import build_index, positions_from_cu_seqlens
 
 
 
@@ -197,7 +197,7 @@ def main(argv=None) -> int:
         model_dir = str(fixtures.cached(args.preset, layers=args.layers, root=args.fixture_root))
     runner = load_runner(model_dir, device=args.device, dtype=args.dtype)
     if args.attention:
-        from models.attention import PORTABLE, AttentionBackend
+        from models.attention.varlen import PORTABLE, AttentionBackend
 
         runner.model.layers[0].self_attn.ops.attention = AttentionBackend(
             args.attention, PORTABLE[args.attention])  # one AttentionOps object shared by all layers

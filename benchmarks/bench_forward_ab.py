@@ -15,7 +15,7 @@ import torch
 from benchmarks.synthetic import MODES, synthetic_batch
 from models.batch import build_forward_batch
 from models.runner import Runner
-from models.radix import build_index, positions_from_cu_seqlens
+from models.trie import build_index, positions_from_cu_seqlens
 
 
 def ops_per_layer(runner: Runner, fb) -> dict[str, int]:
@@ -42,7 +42,7 @@ def ops_per_layer(runner: Runner, fb) -> dict[str, int]:
     events = list(prof.events())
     mark = next(e for e in events if e.name == "radixserve::layer0")
     lo, hi = mark.time_range.start, mark.time_range.end
-    # NOTE: mkldnn:: too: the CPU's packed linears (models/linear.py) are oneDNN ops
+    # NOTE: mkldnn:: too: the CPU's packed linears (models/linear/packed.py) are oneDNN ops
     inside = [e for e in events if e.name.startswith(("aten::", "mkldnn::")) and lo <= e.time_range.start
               and e.time_range.end <= hi]
     # top level: an aten op not nested in another aten op of the layer
@@ -89,16 +89,20 @@ def _module_from(path, name: str):
 
 
 def old_model(runner: Runner, old_root, model_dir: str):
-    """The same checkpoint loaded by another checkout's models/qwen3.py + models/loader.py.
+    """The same checkpoint loaded by another checkout's Qwen3 family and weight loader (either layout).
 
-    NOTE: the old files are executed against *this* checkout's models.config/batch/attention
+    NOTE: the old files are executed against *this* checkout's models.checkpoint.config/batch/attention
     and kernels (their imports), so this fits changes confined to those two files.
     """
     from pathlib import Path
 
     root = Path(old_root)
-    qwen3 = _module_from(root / "models" / "qwen3.py", "ab_old_qwen3")
-    loader = _module_from(root / "models" / "loader.py", "ab_old_loader")
+
+    def first(*paths: str) -> Path:  # the file where that checkout's layout keeps it
+        return next((root / p for p in paths if (root / p).is_file()), root / paths[0])
+
+    qwen3 = _module_from(first("models/families/qwen3.py", "models/qwen3.py"), "ab_old_qwen3")
+    loader = _module_from(first("models/checkpoint/loader.py", "models/loader.py"), "ab_old_loader")
     ker = runner.model.layers[0].self_attn.ops
     ops_class = getattr(qwen3, "AttentionOps", None) or qwen3.Kernels  # a checkout before the rename
     kernels = ops_class(ker.attention, ker.gather_rows, ker.gather_rows_pair)
@@ -146,7 +150,7 @@ def attention_ab(runner: Runner, *, batch: int, prefixes: list[int], suffix: int
                  seed: int) -> list[dict]:
     """Per-run SDPA vs padded SDPA on one layer's attention inputs in the model's shapes,
     alternating; `plan_ms` is the padded layout's host planning, paid once per batch."""
-    from models.attention import make_meta, sdpa_padded, sdpa_varlen
+    from models.attention.varlen import make_meta, sdpa_padded, sdpa_varlen
 
     cfg = runner.config
     h, hkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim

@@ -114,7 +114,7 @@ def switch_interval(*, preset: str = "qwen3-0.6b", layers: int = 2, intervals=(0
     import models
     import fixtures
     from server.http.bodies import parse_bytes
-    from server.routes.schemas import EmbedRequest
+    from server.schemas.tei import EmbedRequest
 
     runner = models.load_runner(str(fixtures.cached(preset, layers=layers)), device="cpu", dtype="float32",
                                 prefix_cache_size=0)
@@ -182,10 +182,10 @@ def hops(*, preset: str = "tiny-embedding", layers: int | None = None, reps: int
 
     import models
     import fixtures
-    from models import prompts
+    from models.text import prompts
     from scheduler import Scheduler
     from server.http.bodies import parse_bytes
-    from server.routes.schemas import EmbedRequest
+    from server.schemas.tei import EmbedRequest
     from server.service import encoding
     from server.service.results import shape_vectors
 

@@ -1,4 +1,4 @@
-"""Benchmark of the trie index builder (models.radix.build_index) on synthetic batches.
+"""Benchmark of the trie index builder (models.trie.build_index) on synthetic batches.
 
 Each case is B sequences of L tokens whose first round(share * L) tokens are one common prefix
 (share 0: all distinct, 1.0: all identical), plus the many-children case: 65,536 two-token
@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from models.radix import build_index, positions_from_cu_seqlens
+from models.trie import build_index, positions_from_cu_seqlens
 
 _VOCAB = 151_669
 _CASES = ((32, 512, 0.0), (32, 512, 0.25), (32, 512, 0.5), (32, 512, 1.0), (2048, 512, 0.25))

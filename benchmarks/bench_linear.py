@@ -6,7 +6,7 @@ reduced-precision weights (--cpu-weights int8, bf16) against fp32: speed and acc
     python -m benchmarks.bench_linear --preset qwen3-0.6b --layers 2 --threads 1 --profile
 
 With --weights: each round runs the batch with every precision's kernel (chosen as the server
-chooses it, models/linear_select.py) in turn; then the accuracy against fp32 of embeddings
+chooses it, models/linear/select.py) in turn; then the accuracy against fp32 of embeddings
 (cosine, max |difference|) in modes off, paper and compact over 16 texts sharing a prefix, and
 of rerank scores (max |difference|) on the reranker fixture of the same shape.
 
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from models.batch import build_forward_batch
-from models.linear import pack_linears, unpack_linears
+from models.linear.packed import pack_linears, unpack_linears
 from models.runner import Runner, load_runner
 
 
@@ -67,7 +67,7 @@ def weights_speed(runner: Runner, weights: list[str], rows: list[int], *, repeat
     Milliseconds of this process's CPU time (all its threads): at one thread steadier than wall
     time on a shared machine, which waits for other processes too; at several threads it counts
     OpenMP's spinning workers, so the wall-time ratio is given beside it."""
-    from models.linear_select import choose_linears
+    from models.linear.select import choose_linears
 
     rng = np.random.default_rng(seed)
     names = ["fp32", *weights]
@@ -104,7 +104,7 @@ def accuracy(runner: Runner, weights: str, *, texts: int = 16, seed: int = 0) ->
     """Embeddings (reranker: scores) with `weights` vs fp32 F.linear, in modes off, paper, compact."""
     import dataclasses
 
-    from models.linear_select import choose_linears
+    from models.linear.select import choose_linears
 
     rng = np.random.default_rng(seed)
     vocab = runner.config.vocab_size

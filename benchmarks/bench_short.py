@@ -36,10 +36,9 @@ def bench(preset: str = "tiny-embedding", *, layers: int | None = None, threads:
     import torch
 
     import models
-    import models.attention as attention
+    import models.attention.varlen as attention
     import fixtures
-    from models import prompts
-
+    from models.text import prompts
     torch.set_num_threads(threads)
     base = models.load_runner(str(fixtures.cached(preset, layers=layers)), device="cpu", dtype="float32", prefix_cache_size=0)
     calls: list[int] = []

@@ -17,8 +17,8 @@ import time
 
 import torch
 
-from models.attention_lse import flash_lse
-from models.attention_tiles import tiled_lse
+from models.attention.lse import flash_lse
+from models.attention.tiles import tiled_lse
 
 H, HKV, D = 16, 8, 128
 BLOCKS = (  # name, g, Lq, Lk, causal

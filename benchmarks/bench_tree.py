@@ -115,7 +115,7 @@ def _clock() -> float:
 def _force_kernel(report: str) -> None:
     """Keep the load's choice of CPU attention kernel, or override it (--kernel), and say which."""
     if _KERNEL["force"] != "measured":  # for side-by-side tables of the two kernels
-        from models import attention_tiles
+        from models.attention import tiles as attention_tiles
         attention_tiles.set_enabled(_KERNEL["force"] == "tiles")
     print(f"CPU attention blocks: {report}; this run: {_KERNEL['force']}", file=sys.stderr, flush=True)
 
@@ -149,7 +149,7 @@ def rerank(args) -> None:
     runners = _pair("qwen3-0.6b", args.layers, kind="reranker")
     tok = runners["flat"].tokenizer
     rng = np.random.default_rng(1)
-    from models.prompts import RERANK_PREFIX, RERANK_SUFFIX  # noqa: PLC0415
+    from models.text.prompts import RERANK_PREFIX, RERANK_SUFFIX  # noqa: PLC0415
 
     head = tok.encode(RERANK_PREFIX, add_special_tokens=False).ids
     tail = tok.encode(RERANK_SUFFIX, add_special_tokens=False).ids
@@ -231,7 +231,7 @@ def _gemm_unmasked(q, k, v, scale: float, rows: int = 128):
 def ceiling(args) -> None:
     """Layer attention at B=16 P=2048 S=128 (Qwen3-0.6B heads): its FLOPs, this CPU's sgemm
     rate, and the rate of each kernel call the tree path makes (process time, median of 3)."""
-    from models.attention_lse import block_lse  # noqa: PLC0415
+    from models.attention.lse import block_lse  # noqa: PLC0415
 
     def rate(flops: float, fn) -> tuple[float, float]:
         fn()

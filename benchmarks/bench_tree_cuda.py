@@ -30,7 +30,6 @@ def batch(b: int, p: int, s: int, rng: np.random.Generator) -> tuple[np.ndarray,
 
 def main(argv=None) -> None:
     from models import load_runner
-
     ap = argparse.ArgumentParser(prog="python -m benchmarks.bench_tree_cuda",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("model_dir")

@@ -20,8 +20,7 @@ def forward_rate(model_dir: str, *, queries: int = 64, seed: int = 0, threshold:
     runner in process (tokenize, prepare, run): the rate a server at full load should approach."""
     import models
     from loadtest import datasets, workloads
-    from models import prompts
-
+    from models.text import prompts
     runner = models.load_runner(model_dir, device="cpu", dtype="float32", radix_mlp_threshold=threshold,
                                 prefix_cache_size=cache, keep_dense_weights=False)  # as the server loads it
     reqs = workloads.build_requests(datasets.synthetic(queries, seed=seed), "embed-template")

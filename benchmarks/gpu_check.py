@@ -103,7 +103,7 @@ def _build() -> dict:
 
 def _attention() -> dict:
     """Which backend each model shape and dtype gets here, and why the others were not taken."""
-    from models.attention_select import select_backend
+    from models.attention.select import select_backend
 
     step: dict = {"ok": True, "choices": []}
     if not torch.cuda.is_available():

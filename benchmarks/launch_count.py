@@ -78,7 +78,6 @@ def _dispatches(events, cuda: bool) -> list:
 def count(runner, ids: np.ndarray, cu: np.ndarray) -> dict:
     """Profile one forward of a prepared batch (after one warm-up forward) and count per layer."""
     from models import streams
-
     cuda = str(runner.device).startswith("cuda")
     streams.settled(runner.run(runner.prepare(ids, cu)))  # warm: kernels chosen, caches filled
     prepared = runner.prepare(ids, cu)

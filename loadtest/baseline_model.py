@@ -14,8 +14,7 @@ from pathlib import Path
 import torch
 from tokenizers import Tokenizer
 
-from models import prompts
-
+from models.text import prompts
 KINDS = ("embedding", "reranker")
 
 

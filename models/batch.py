@@ -18,11 +18,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from models.attention import AttnMeta, make_meta, to_device
+from models.attention.varlen import AttnMeta, make_meta
+from models.streams import to_device
 from models.options import RADIX_ATTENTION
 from models.prefix_cache import CacheIO, CachePlan, PrefixCache, cache_refusal, plan_batch
-from models.radix import RadixIndex, identity_index, positions_from_cu_seqlens
-from models.tree_attention import TreeAttention
+from models.trie import RadixIndex, identity_index, positions_from_cu_seqlens
+from models.attention.tree import TreeAttention
 
 MODES = ("off",) + RADIX_ATTENTION
 
@@ -45,7 +46,7 @@ class ForwardBatch:
     cache: CacheIO | None = None  # pool reads/writes of this batch (compact mode with a cache)
     cached_tokens: tuple[int, ...] = ()  # [B] tokens of each sequence read from the cache
     # compact mode: kv_index on the host (the tree-attention planner reads it), and the batch's
-    # tree plan when one is attached (models/tree_attention.py; None: per-owner key gather)
+    # tree plan when one is attached (models/attention/tree.py; None: per-owner key gather)
     kv_host: np.ndarray | None = None
     tree: TreeAttention | None = None
 

@@ -1,6 +1,6 @@
 """The start-up measurements' cache: a kernel choice timed once per machine and model shape.
 
-`select_cpu_kernel` (models/attention_lse.py) and `choose_linears` (models/linear_select.py) time
+`select_cpu_kernel` (models/attention/lse.py) and `choose_linears` (models/linear/select.py) time
 candidate kernels on the model's shapes at load: seconds of start-up, the same answer every time on
 one machine. Their figures are kept in one small JSON file, under a key made of everything the
 figure depends on: the measurement's kind and shapes, the CPU (model name and flags), the

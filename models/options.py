@@ -13,7 +13,7 @@ RADIX_ATTENTION = ("compact", "paper")  # attention over the trie's compact rows
 # what a runner serves: pooled vectors, one relevance score per (query, document), a score per
 # label (classification head), one score per text (a single-score head read as a reward)
 KINDS = ("embedding", "reranker", "classifier", "reward")
-TREE_ATTENTION = ("auto", "on", "off")  # tree (cascade) attention along the trie: models/tree_attention.py
+TREE_ATTENTION = ("auto", "on", "off")  # tree (cascade) attention along the trie: models/attention/tree.py
 
 
 def check_radix_mlp_threshold(value: float, name: str = "radix_mlp_threshold") -> float:

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from models.batch import ForwardBatch
 from models.options import POOLINGS
-from models.protocol import ScoringModel
+from models.families.protocol import ScoringModel
 
 
 def pool(model: ScoringModel, hidden: Tensor, batch: ForwardBatch, pooling: str) -> Tensor:

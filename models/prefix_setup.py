@@ -66,7 +66,7 @@ def start_prefix_cache(runner: Any, size, *, max_batch_tokens: int) -> tuple[Pre
 def check_host_pool(nbytes: int, *, device: torch.device, size) -> None:
     """Refuse at start a CPU pool larger than the RAM available now.
 
-    NOTE: a CPU pool is allocated without touching its pages (models/prefix_cache/index.py), so
+    NOTE: a CPU pool is allocated without touching its pages (models/prefix_cache/blocks.py), so
     the allocation itself would succeed and the process would run out of memory later, while
     serving; this check keeps "a pool too large fails at start" true on the CPU too.
     """

@@ -18,27 +18,27 @@ import torch
 from tokenizers import Tokenizer
 
 import kernels
-from models.attention import to_device
 from models.batch import ForwardBatch, build_forward_batch
-from models.checkpoint_dir import detect_kind, detect_pooling, read_prompts, token_id
-from models.config import ModelConfig
-from models.linear_select import choose_linears
-from models.loader import (default_device, describe_memory, load_weights, memory_report, parse_dtype,
+from models.checkpoint.directory import detect_kind, detect_pooling, read_prompts, token_id
+from models.checkpoint.config import ModelConfig, read_config
+from models.linear.select import choose_linears
+from models.checkpoint.loader import (default_device, describe_memory, load_weights, memory_report, parse_dtype,
                            resolve_model_dir)
 from models.options import KINDS, POOLINGS, RADIX_ATTENTION, check_radix_mlp_threshold, use_index
 from models.pooling import classify_logits, pool, rerank_logits, token_states
 from models.prefix_cache import DEFAULT_SIZE, PrefixCache, cache_refusal, capacity_tokens
 from models.prefix_setup import head_pooling, start_prefix_cache
-from models.runner_setup import cpu_attention_kernel, select_paths
+from models.attention.paths import cpu_attention_kernel, select_paths
 from models.startup import StartupClock, clock_for_load
-from models.layers import AttentionOps
-from models.protocol import ScoringModel
+from models.families.layers import AttentionOps
+from models.families.protocol import ScoringModel
 from models import streams
-from models.registry import (SCORE_HEAD, build_model, check_kind, default_kind, family_rerank, family_spec,
+from models.streams import to_device
+from models.families.registry import (SCORE_HEAD, build_model, check_kind, default_kind, family_rerank, family_spec,
                              resolve as resolve_family)
-from models.radix import RadixIndex, build_index, positions_from_cu_seqlens
-from models.tree_attention import POLICIES as TREE_POLICIES, attach_tree
-from models.tree_select import TreeBackend, describe_tree
+from models.trie import RadixIndex, build_index, positions_from_cu_seqlens
+from models.attention.tree import POLICIES as TREE_POLICIES, attach_tree
+from models.attention.tree_select import TreeBackend, describe_tree
 from models.warmup import warm_up
 
 log = logging.getLogger(__name__)
@@ -100,11 +100,11 @@ class Runner:
     tree_attention: str = "auto"
     tree_path: TreeBackend | None = None
     tree_rejected: dict[str, str] = field(default_factory=dict)
-    linear: str = "F.linear"  # the CPU linear kernel chosen at load (models.linear_select)
+    linear: str = "F.linear"  # the CPU linear kernel chosen at load (models.linear.select)
     linear_choice: str = ""  # cpu_weights and why that kernel: "int8: int8-dynamic (1.31x ...)"
     # the CPU's attention blocks: "flash (why)" or "onednn-tiles ..." (attention_lse.select_cpu_kernel)
     cpu_attention: str = "flash"
-    # weights_bytes; on CUDA allocated_bytes and reserved_bytes after load (models.loader.memory_report)
+    # weights_bytes; on CUDA allocated_bytes and reserved_bytes after load (models.checkpoint.loader.memory_report)
     memory: dict[str, int] = field(default_factory=dict)
     # the prefix cache's size: tokens, bytes, bytes_per_token and why (`auto`'s rule and figures)
     prefix_cache_report: dict = field(default_factory=dict)
@@ -278,9 +278,9 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
 
     prefix_cache_size: "512MiB", "2GB", "8192tokens", a byte count, "auto" or 0 (off); see
     docs/operations.md, "Prefix cache". cpu_packed_weights: reorder the linear weights for oneDNN
-    on a CPU in float32 (models/linear.py); keep_dense_weights=False then frees the dense copies
+    on a CPU in float32 (models/linear/packed.py); keep_dense_weights=False then frees the dense copies
     (serving: one copy in memory; gradients no longer reach the linear weights). cpu_weights:
-    fp32, int8 or bf16 linear weights on a CPU in float32 (models/linear_select.py).
+    fp32, int8 or bf16 linear weights on a CPU in float32 (models/linear/select.py).
     max_batch_tokens: the largest batch served; a CUDA `auto` cache is sized after a forward of it.
     Nothing is warmed up here: the scheduler's worker thread calls `warm_up` before serving.
     """
@@ -296,8 +296,10 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     capacity_tokens(prefix_cache_size, 1)  # a malformed size fails before the weights load
     clock = clock_for_load()
     model_dir = resolve_model_dir(model_id, revision)
-    cfg = ModelConfig.from_pretrained_dir(model_dir)
-    family = resolve_family(cfg.model_type, cfg.architectures)  # refuses what we would serve wrong
+    raw = read_config(model_dir)
+    # refuses what we would serve wrong, before the numbers are parsed
+    family = resolve_family(str(raw.get("model_type", "")), tuple(raw.get("architectures") or ()))
+    cfg = ModelConfig.from_dict(raw)
     device = torch.device(device) if device is not None else default_device()
     dtype = parse_dtype(dtype, device)
     kind = kind or default_kind(family, len(cfg.labels)) or detect_kind(model_dir, cfg)

@@ -22,6 +22,13 @@ from typing import Any, Callable, Iterator
 import torch
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`: on CUDA through pinned memory, without blocking the host."""
+    if device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 @functools.lru_cache(maxsize=None)
 def copy_stream(device: torch.device) -> torch.cuda.Stream:
     """The one copy stream of a CUDA device (made on first use)."""

@@ -27,7 +27,6 @@ import numpy as np
 import torch
 
 from models import streams
-
 log = logging.getLogger(__name__)
 
 SEQ_TOKENS = 256  # tokens per warm-up item; the first half is shared by all items

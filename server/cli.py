@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import gc
 import logging
 import os
 import sys
-import time
 
 from server.config import ServerConfig, convert, env_values, env_var, field_types, flag_name
 from server.launch_lines import LaunchError, translate
+from server.process import freeze_startup_objects, tune_switch_interval
 
 log = logging.getLogger("radixserve.server")
 
@@ -134,32 +133,6 @@ def export_hub_settings(config: ServerConfig, environ=None) -> None:
         log.warning("huggingface_hub was imported before the hub settings were applied")
 
 
-# The GIL switch interval of a serving process (Python's default: 5 ms). The worker's forward
-# releases and retakes the GIL around each of its hundreds of ops; while parsing and prep threads
-# run pure Python, each retake could wait a whole interval (docs/decisions.md, "The GIL switch
-# interval").
-SWITCH_INTERVAL_S = 0.0005
-
-
-def tune_switch_interval() -> None:
-    default = sys.getswitchinterval()
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
-    log.info("GIL switch interval %.2f ms (Python's default %.2f ms), so the model worker's ops wait less "
-             "behind threads running Python", SWITCH_INTERVAL_S * 1e3, default * 1e3)
-
-
-def freeze_startup_objects() -> None:
-    """Move everything alive after start-up (modules, the model, the app) out of the collector's
-    reach: a full collection walks every one of them (hundreds of thousands of objects in a loaded
-    server), a pause on whichever thread (and, holding the GIL, on the event loop) it falls.
-    Objects made while serving are collected as before."""
-    t0 = time.perf_counter()
-    gc.collect()
-    gc.freeze()
-    log.info("froze %d start-up objects out of garbage collection (%.0f ms)", gc.get_freeze_count(),
-             (time.perf_counter() - t0) * 1e3)
-
-
 def metrics_listener(config: ServerConfig, app) -> list:
     """The --prometheus-port listener as a side server of the API's (none when the flag is unset)."""
     from server.http import listener
@@ -195,7 +168,7 @@ BATCH_COMMANDS = ("batch", "run-batch")  # `radixserve batch ...` (vLLM: `vllm r
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
     if args and args[0] in BATCH_COMMANDS:  # an offline job over the same app: server/batch
-        from server.batch.cli import main as batch_main
+        from server.batch.command import main as batch_main
 
         return batch_main(args[1:])
     config, notes = load_config(argv)  # before torch and the model code: a bad flag returns at once

@@ -31,7 +31,7 @@ _NO_KEY = frozenset({"", "none", "null", "nil", "false", "no", "off", "0"})
 
 # vLLM's pooling tasks -> the model kind that serves them here (a reranker's head gives the score).
 TASK_KINDS = {"embed": "embedding", "classify": "classifier", "score": "reranker", "reward": "reward"}
-# Tasks that choose the head's kind at load (a one-label score head serves either, models.registry).
+# Tasks that choose the head's kind at load (a one-label score head serves either, models.families.registry).
 LOAD_KIND_TASKS = ("classify", "reward")
 TASKS = tuple(TASK_KINDS)
 

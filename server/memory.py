@@ -11,7 +11,7 @@ its answer's floats, as arrays and JSON text) and gives them back on every path 
   holds;
 - an estimate over what is left now (other requests hold the rest): 429, retry later.
 No limit anywhere: no budget (every reservation succeeds). Work before tokenization is bounded
-by the payload limit and by tokenizing only what truncation keeps (models/prompts.py).
+by the payload limit and by tokenizing only what truncation keeps (models/text/prompts.py).
 """
 from __future__ import annotations
 

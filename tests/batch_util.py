@@ -25,7 +25,7 @@ def read_out(path: Path) -> list[dict]:
 
 
 def run_cli(runner, model_dir, inp, out, *extra: str) -> int:
-    from server.batch.cli import main
+    from server.batch.command import main
 
     return main(["-i", str(inp), "-o", str(out), "--model", str(model_dir), "--no-progress", *extra], runner=runner)
 

@@ -1,4 +1,4 @@
-"""The log-sum-exp attention blocks (models/attention_lse.py) against a plain float64 softmax.
+"""The log-sum-exp attention blocks (models/attention/lse.py) against a plain float64 softmax.
 
 The reference here is softmax(q k^T * scale) v and logsumexp(q k^T * scale), one query head at
 a time with its K/V head h // group, written out with matmuls: no kernel of the code under test.
@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import models.attention_lse as attention_lse
-from models.attention_lse import block_lse, merge_two, merge_two_
+import models.attention.lse as attention_lse
+from models.attention.lse import block_lse, merge_two, merge_two_
 
 
 def reference(q, k, v, *, causal, scale):

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-import models.attention as attention
-from models.attention import bottom_right_mask, make_meta, sdpa_varlen
+import models.attention.varlen as attention
+from models.attention.varlen import bottom_right_mask, make_meta, sdpa_varlen
 from tests.test_model_forward import TOL, _ours, embedding  # noqa: F401 - embedding: a fixture
 
 

@@ -7,10 +7,10 @@ import math
 import pytest
 import torch
 
-from models.attention import make_meta, sdpa_varlen
-from models.attention_select import select_backend
-from models.attention_spec import AttentionSpec, spec_varlen
-from models.tree_select import select_tree
+from models.attention.varlen import make_meta, sdpa_varlen
+from models.attention.select import select_backend
+from models.attention.spec import AttentionSpec, spec_varlen
+from models.attention.tree_select import select_tree
 
 CU_Q, CU_K = [0, 5, 8, 9, 16], [0, 9, 17, 21, 28]  # lq < lk (compact), a single query, lq == lk
 
@@ -70,7 +70,7 @@ def test_selection_refuses_backends_that_cannot_honour_the_spec(caplog):
 
 def test_query_blocks_and_key_ranges_change_nothing(monkeypatch):
     """Blocks of 2 queries (keys cut to what each block sees) against one block per sequence."""
-    import models.attention_spec as spec_mod
+    import models.attention.spec as spec_mod
 
     q, k, v = _qkv()
     meta = make_meta(CU_Q, CU_K, "cpu")

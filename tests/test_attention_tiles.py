@@ -17,8 +17,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from models import attention_lse, attention_tiles
-from models.attention_tiles import key_tiles, tiled_lse, use_tiles
+from models.attention import lse as attention_lse
+from models.attention import tiles as attention_tiles
+from models.attention.tiles import key_tiles, tiled_lse, use_tiles
 from models.runner import load_runner
 from tests.test_tree_attention import _check_batches
 

@@ -101,7 +101,7 @@ def test_embedding_lines_answer_as_the_server_and_exit_zero(tmp_path, tiny_embed
 
 
 def test_stdin_to_stdout(tmp_path, tiny_embedding_dir, monkeypatch):
-    from server.batch.cli import main
+    from server.batch.command import main
 
     runner = cached_runner(str(tiny_embedding_dir))
     data = b"".join(json.dumps(line(f"l{i}", "/v1/embeddings", {"input": f"text {i}"})).encode() + b"\n"

@@ -13,7 +13,7 @@ import orjson
 import pytest
 
 from server.batch import grouping
-from server.batch.engine import Answer, Counters
+from server.batch.inprocess import Answer, Counters
 from server.batch.job import Job, Options
 from server.batch.lines import Request, parse_line, read_lines
 from server.batch.output import ChunkWriter, NotResumable, scan
@@ -168,7 +168,7 @@ def test_docs_list_every_flag_of_the_command():
     import re
     from pathlib import Path
 
-    from server.batch.cli import MODEL_FLAGS, build_parser
+    from server.batch.command import MODEL_FLAGS, build_parser
     from server.config import flag_name
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "batch.md").read_text()

@@ -14,7 +14,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from benchmarks import bench_forward, bench_index
-from models.linear import pack_linears, unpack_linears
+from models.linear.packed import pack_linears, unpack_linears
 from models.batch import build_forward_batch
 from models.runner import load_runner
 

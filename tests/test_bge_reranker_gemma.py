@@ -1,6 +1,6 @@
 """bge-reranker-v2-gemma (a GemmaForCausalLM yes/no reranker) against FlagEmbedding's formula.
 
-Oracle, built here independently of models/rerank_templates.py: FlagEmbedding's ``get_inputs``
+Oracle, built here independently of models/text/rerank_templates.py: FlagEmbedding's ``get_inputs``
 layout through transformers' tokenizer ([bos] + "A: {query}" + "\\n" + "B: {passage}" + "\\n" +
 prompt, each part encoded alone without special tokens, bos from config.json), and the score
 ``logits[:, -1, yes_loc]`` of transformers' GemmaForCausalLM in fp32, yes_loc the first id of
@@ -69,7 +69,7 @@ def test_template_and_score_come_from_the_checkpoint(case):
     runner = load_runner(str(d), device="cpu", dtype="float32", prefix_cache_size=0)
     assert runner.rerank_template == "bge-reranker-gemma" and runner.no_id is None
     assert runner.yes_id == yes_loc(d) and runner.rerank_instruction == PROMPT
-    from models.rerank_templates import build_template
+    from models.text.rerank_templates import build_template
 
     template = build_template(runner.rerank_template, runner.tokenizer, bos_id=runner.config.bos_token_id)
     got = template.encode(QUERY, DOCS, instruction=PROMPT, max_length=512, truncate=False)
@@ -95,8 +95,8 @@ def test_matches_flag_embedding_in_every_mode(case, cache):
 def test_truncation_cuts_only_the_query_and_passage(case):
     from transformers import PreTrainedTokenizerFast
 
-    from models.prompts import InputTooLong
-    from models.rerank_templates import build_template
+    from models.text.prompts import InputTooLong
+    from models.text.rerank_templates import build_template
 
     d, ids, _ = case
     tok = PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json"))

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer
 
-from models import prompts
+from models.text import prompts
 from tests.counting import CountingTokenizer
 
 

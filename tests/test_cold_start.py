@@ -8,9 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-import models.linear_select as select
-from models import attention_lse, measure_cache, startup
-from models.linear import Linear
+import models.linear.select as select
+from models import measure_cache, startup
+from models.attention import lse as attention_lse
+from models.linear.packed import Linear
 from models.runner import load_runner
 
 CPU = torch.device("cpu")

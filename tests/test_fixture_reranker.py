@@ -10,7 +10,7 @@ import torch
 from tokenizers import Tokenizer
 
 import fixtures
-from models import prompts
+from models.text import prompts
 from fixtures import rerank_head
 from fixtures.__main__ import main as fixtures_cli
 

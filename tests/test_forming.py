@@ -2,7 +2,7 @@
 
 Checked: light load is exactly FIFO; budgets and request atomicity always hold; grouping by
 shared prefix (one query's requests per batch); aging by time and by skips; no starvation under
-a constant inflow; better compression than FIFO (measured with models.radix.build_index); the
+a constant inflow; better compression than FIFO (measured with models.trie.build_index); the
 former's own state (skips, keys) kept only for requests still waiting.
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.radix import build_index, positions_from_cu_seqlens
+from models.trie import build_index, positions_from_cu_seqlens
 from scheduler.forming import Entry, PrefixPolicy, form_batch_fifo
 from scheduler.policy import make_former
 from scheduler.prefix_forming import PrefixFormer

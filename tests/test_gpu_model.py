@@ -62,8 +62,8 @@ def _layout(kind: str, rng: np.random.Generator):
 
 def _backend(device: str, name: str, dtype):
     """Backend `name` built and probed in this test's shapes; skipped where it cannot run."""
-    from models.attention import AttentionBackend
-    from models.attention_select import Shape, build_backend
+    from models.attention.varlen import AttentionBackend
+    from models.attention.select import Shape, build_backend
 
     fn, reason = build_backend(name, device, dtype=dtype, shape=Shape(16, 8, 128))
     if fn is None:
@@ -75,7 +75,7 @@ def _backend(device: str, name: str, dtype):
 @pytest.mark.parametrize("layout", ["compact-one-query", "single-token-seqs", "compact-mixed", "paper"])
 @pytest.mark.parametrize("device,name", BACKENDS)
 def test_attention_backend_vs_float64(device, name, layout, dtype):
-    from models.attention import make_meta
+    from models.attention.varlen import make_meta
 
     backend = _backend(device, name, dtype)
     rng = np.random.default_rng(zlib.crc32(f"{name}/{layout}".encode()))

@@ -4,7 +4,7 @@ section).
 
 - a real device-side fault (an out-of-range gather) ends a serving process with status 70, what
   was pending gets WorkerDead (HTTP 503), admission closes (scheduler/faults.py);
-- device memory reserved after load stays within RESERVED_BOUND of the weights (models/loader.py);
+- device memory reserved after load stays within RESERVED_BOUND of the weights (models/checkpoint/loader.py);
 - the two-thread pipeline on CUDA (prep thread copying batch k+1 while the worker runs batch k)
   answers exactly what a single-thread prepare + run of the same batches answers;
 - the prefix cache on the device: eviction, then reuse, every output equal to the cache-off run;

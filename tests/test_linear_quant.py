@@ -14,8 +14,8 @@ import pytest
 import torch
 
 import fixtures
-from models.linear_quant import bf16_missing
-from models.linear_select import choose_linears
+from models.linear.quant import bf16_missing
+from models.linear.select import choose_linears
 from models.runner import load_runner
 
 CPU = torch.device("cpu")

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import models.linear_select as select
-from models.linear import Linear
-from models.linear_quant import KERNELS, INT8_MAX, Kernel, bf16_missing
+import models.linear.select as select
+from models.linear.packed import Linear
+from models.linear.quant import KERNELS, INT8_MAX, Kernel, bf16_missing
 
 CPU = torch.device("cpu")
 

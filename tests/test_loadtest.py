@@ -117,7 +117,7 @@ def test_template_text_matches_reranker_layout():
 
 
 def test_template_agrees_with_models_prompts():
-    prompts = pytest.importorskip("models.prompts")
+    prompts = pytest.importorskip("models.text.prompts")
     assert workloads.RERANK_PREFIX == prompts.RERANK_PREFIX
     assert workloads.RERANK_SUFFIX == prompts.RERANK_SUFFIX
     assert workloads.DEFAULT_INSTRUCTION == prompts.DEFAULT_INSTRUCTION

@@ -55,8 +55,7 @@ def test_embed_query_tokens_equal_the_servers_query_prompt(tiny_embedding_dir):
     exactly the tokens of the client-side text."""
     from tokenizers import Tokenizer
 
-    from models import prompts
-
+    from models.text import prompts
     st = json.loads((Path(tiny_embedding_dir) / "config_sentence_transformers.json").read_text())
     tok = Tokenizer.from_file(str(Path(tiny_embedding_dir) / "tokenizer.json"))
     ds = datasets.synthetic(6, seed=1)
@@ -183,8 +182,8 @@ def _serve(model_dir: str):
 @pytest.mark.skipif(not _have_server(), reason="server package not importable")
 def test_prefix_workloads_against_radixserve(tiny_embedding_dir, tiny_reranker_dir):
     """Each workload runs clean on the real server, and the server counts exactly the tokens of
-    the measured requests (computed here with models.prompts from the request texts)."""
-    from models import prompts
+    the measured requests (computed here with models.text.prompts from the request texts)."""
+    from models.text import prompts
     from tests.serving import cached_runner
 
     ds = datasets.synthetic(12, seed=0)

@@ -223,8 +223,7 @@ def test_compare_real_radixserve(tiny_reranker_dir, tmp_path):
     tokens of exactly the measured requests, counted here with the reranker template."""
     from tokenizers import Tokenizer
 
-    from models import prompts
-
+    from models.text import prompts
     ds = datasets.synthetic(4, seed=0)
     reqs = workloads.build_requests(ds, "rerank")
     n = 6

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models import attention_lse, measure_cache
-
+from models import measure_cache
+from models.attention import lse as attention_lse
 SHAPE = {"heads": 4, "kv_heads": 2, "head_dim": 16}
 
 

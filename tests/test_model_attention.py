@@ -10,10 +10,10 @@ import torch
 
 import logging
 
-import models.attention_select as attention_select
-from models.attention import (MAX_PAD_FACTOR, bottom_right_mask, make_meta, sdpa_padded,
+import models.attention.select as attention_select
+from models.attention.varlen import (MAX_PAD_FACTOR, bottom_right_mask, make_meta, sdpa_padded,
                               sdpa_varlen)
-from models.attention_select import Shape, probe, select_backend
+from models.attention.select import Shape, probe, select_backend
 
 
 def naive(q, k, v, cu_q, *, cu_k, scale):
@@ -63,7 +63,7 @@ def test_bottom_right_mask_rule():
 
 
 def test_cpu_selects_portable_backend_and_says_why(caplog):
-    with caplog.at_level(logging.INFO, logger="models.attention_select"):
+    with caplog.at_level(logging.INFO, logger="models.attention.select"):
         backend = select_backend("cpu", dtype=torch.float32, heads=4, kv_heads=2, head_dim=16)
     assert backend.name == "sdpa"
     assert set(backend.rejected) == {"flash-attn", "torch-varlen", "torch-varlen-repeat-kv",
@@ -104,7 +104,7 @@ def test_dropped_backends_are_logged_with_their_reason(monkeypatch, caplog):
         raise RuntimeError("no kernel image is available for execution on the device")
 
     monkeypatch.setitem(attention_select.FACTORIES, "efficient-varlen", efficient)
-    with caplog.at_level(logging.INFO, logger="models.attention_select"):
+    with caplog.at_level(logging.INFO, logger="models.attention.select"):
         backend = select_backend("cpu", dtype=torch.float32, heads=4, kv_heads=2, head_dim=16)
     assert backend.name == "sdpa-padded" and backend.fn is sdpa_padded
     warned = {r.getMessage().split()[2]: r.getMessage() for r in caplog.records

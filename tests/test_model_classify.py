@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.registry import UnsupportedArchitecture
+from models.families.registry import UnsupportedArchitecture
 from models.runner import load_runner
 
 TOL = 1e-4

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.config import ModelConfig, rope_inv_freq
+from models.checkpoint.config import ModelConfig, rope_inv_freq
 
 BASE = {"vocab_size": 100, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-6,

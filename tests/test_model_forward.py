@@ -13,7 +13,7 @@ import torch
 
 from models.batch import build_forward_batch
 from models.runner import load_runner
-from models.radix import build_index, positions_from_cu_seqlens
+from models.trie import build_index, positions_from_cu_seqlens
 
 MODES = ("off", "paper", "compact")
 TOL = 1e-4

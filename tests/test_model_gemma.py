@@ -91,7 +91,7 @@ def test_paths_that_cannot_serve_gemma2_are_refused_with_the_reason(case):
 
 
 def test_gemma_config_fields():
-    from models.config import ModelConfig
+    from models.checkpoint.config import ModelConfig
 
     base = {"model_type": "gemma2", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16,
             "num_hidden_layers": 3, "num_attention_heads": 2, "head_dim": 4, "sliding_window": 5,

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from models.batch import build_forward_batch
-from models.loader import checkpoint_rows
+from models.checkpoint.loader import checkpoint_rows
 from models.pooling import pool
 from models.runner import load_runner
-from models.radix import build_index, positions_from_cu_seqlens
+from models.trie import build_index, positions_from_cu_seqlens
 
 SEQS = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8], [1, 2, 3], [1, 2, 9, 10], [11, 12, 13]]
 PARAMS = ["embed_tokens.weight", "layers.0.self_attn.q_proj.weight",

@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import models.attention as attention
+import models.attention.varlen as attention
 from models.batch import build_forward_batch
 from models.runner import load_runner
-from models.radix import build_index, positions_from_cu_seqlens
+from models.trie import build_index, positions_from_cu_seqlens
 
 SEQS = [[1, 2, 3, 4, 5], [1, 2, 3, 6, 7], [1, 2, 8], [9], [1, 2, 3]]
 # Ops that read device data back to the host, or copy host data into a new tensor.

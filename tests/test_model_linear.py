@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import models.linear as linear
-from models.linear import Linear, pack_linears, unpack_linears
+import models.linear.packed as linear
+from models.linear.packed import Linear, pack_linears, unpack_linears
 from models.runner import load_runner
 from tests.test_model_hotpath import OpLog
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from models.loader import resolve_model_dir
+from models.checkpoint.loader import resolve_model_dir
 from models.runner import load_runner
 
 SEQS = [[1, 2, 3, 4, 5], [1, 2, 3, 6, 7], [9]]
@@ -106,8 +106,7 @@ def test_untied_reranker_keeps_only_the_yes_and_no_rows_and_scores_like_transfor
 
 def test_weights_reach_the_device_once_each_built_on_the_host(tiny_embedding_dir, monkeypatch):
     """Every parameter is copied host -> device in one piece: fused q/k/v and gate/up included."""
-    from models import loader
-
+    from models.checkpoint import loader
     seen: list[tuple[str, tuple[int, ...]]] = []
     real = loader._to_device
 
@@ -177,7 +176,7 @@ def test_bf16_stored_checkpoint_runs_in_fp32_like_transformers(tiny_embedding_di
 
 def test_fused_projections_hold_the_checkpoint_tensors_row_for_row(tiny_embedding_dir):
     """qkv_proj = [q_proj | k_proj | v_proj] and gate_up_proj = [gate_proj | up_proj], exactly."""
-    from models.loader import FUSED, checkpoint_names, checkpoint_rows
+    from models.checkpoint.loader import FUSED, checkpoint_names, checkpoint_rows
 
     runner = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32")
     model, tensors = runner.model, load_file(str(tiny_embedding_dir / "model.safetensors"))

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.attention import AttentionBackend, sdpa_padded, sdpa_varlen
+from models.attention.varlen import AttentionBackend, sdpa_padded, sdpa_varlen
 from models.batch import build_forward_batch
 from models.runner import load_runner
 from tests.test_model_forward import (CASES, MODES, TOL, Oracle, _ours, _pack, build_index,
@@ -95,7 +95,7 @@ def test_the_padded_plan_is_built_in_prepare_not_in_layer_0(padded_embedding, mo
     """With sdpa-padded, prepare (the prep thread) builds the padded layout; run only reads it."""
     import dataclasses
 
-    import models.attention as attention
+    import models.attention.varlen as attention
 
     base, oracle = padded_embedding
     monkeypatch.setattr(base.model.layers[0].self_attn.ops, "attention", AttentionBackend("sdpa-padded", sdpa_padded))

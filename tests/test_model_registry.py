@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 
-from models.registry import UnsupportedArchitecture, check_kind, resolve
+from models.families.registry import UnsupportedArchitecture, check_kind, resolve
 from models.runner import load_runner
 
 
@@ -46,3 +46,10 @@ def test_a_seq_cls_config_over_base_weights_fails_naming_the_head(tiny_embedding
     d = _with_arch(tiny_embedding_dir, tmp_path / "m", ["Qwen3ForSequenceClassification"])
     with pytest.raises(KeyError, match="score.weight"):
         load_runner(str(d), device="cpu", dtype="float32", prefix_cache_size=0)
+
+
+def test_the_config_reader_reads_every_family_the_registry_serves():
+    from models.checkpoint.config import READ_TYPES
+    from models.families.registry import FAMILIES
+
+    assert sorted(READ_TYPES) == sorted(FAMILIES)

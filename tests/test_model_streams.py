@@ -16,8 +16,6 @@ import pytest
 import torch
 
 from models import streams
-
-
 def _walk(obj, seen, depth=0):
     """Every tensor reachable through dataclass fields, tuples and lists (independent of streams.py)."""
     if isinstance(obj, torch.Tensor):

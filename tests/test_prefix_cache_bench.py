@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks import bench_cache
+from benchmarks import bench_cache, cache_workloads
 from models.runner import load_runner
 
 
@@ -35,7 +35,7 @@ def _expected_rows(seqs: list[list[int]]) -> list[int]:
                                               ("query", "tiny_embedding_dir")])
 def test_rows_under_the_cache(workload, fixture, request):
     runner = load_runner(str(request.getfixturevalue(fixture)), device="cpu", dtype="float32")
-    batches = bench_cache.workload_batches(workload, runner, n=5, seed=3)
+    batches = cache_workloads.workload_batches(workload, runner, n=5, seed=3)
     assert len(batches) == 5 and all(len(b) == 1 for b in batches)
     results = {r.config: r for r in bench_cache.bench(runner, batches, workload=workload, warmup=1)}
     seqs = [b[0] for b in batches]

@@ -18,7 +18,7 @@ import torch
 from models.batch import _build_cached
 from models.prefix_cache import Lease, PrefixCache
 from models.prefix_cache.layout import _layout
-from models.radix import build_index, identity_index, positions_from_cu_seqlens
+from models.trie import build_index, identity_index, positions_from_cu_seqlens
 
 CPU = torch.device("cpu")
 

@@ -138,7 +138,7 @@ def test_cache_plan_finds_a_prefix_only_in_its_own_namespace():
 
 
 def test_trie_groups_equal_separate_tries():
-    from models.radix import build_index, positions_from_cu_seqlens
+    from models.trie import build_index, positions_from_cu_seqlens
 
     rng = np.random.default_rng(1)
     base = rng.integers(0, 50, size=12)

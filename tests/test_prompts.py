@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer
 
-from models import prompts
-
+from models.text import prompts
 TEXTS = [
     "What is the capital of France?",
     "The quick brown fox jumps over the lazy dog, twice, 12345 times.",
@@ -219,7 +218,7 @@ def test_rerank_falls_back_per_document_where_the_boundary_merges(rr_tok):
 def test_rerank_pair_budget_counts_the_pairs_built(rr_tok, query, docs, max_length, truncate, direction, fallback):
     """At exactly the pairs' total the encode answers as without a budget; one token less it is
     refused, naming the limit and its flag (also where a document takes the whole-body path)."""
-    from models.pair_budget import PairBudgetExceeded
+    from models.text.pair_budget import PairBudgetExceeded
 
     template = prompts.RerankTemplate(rr_tok)
     if fallback:

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models import radix
-from models.radix import build_index, positions_from_cu_seqlens
+from models import trie as radix
+from models.trie import build_index, positions_from_cu_seqlens
 
 
 def _batch(seqs, positions=None):

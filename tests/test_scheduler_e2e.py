@@ -17,7 +17,7 @@ import pytest
 
 from models import runner as runner_module
 from models.options import MIN_SAVED_WORK
-from models.radix import build_index, positions_from_cu_seqlens
+from models.trie import build_index, positions_from_cu_seqlens
 from scheduler.forming import PrefixPolicy
 from tests.test_scheduler import FakeRunner, expected, run_async
 

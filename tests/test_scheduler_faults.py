@@ -99,7 +99,6 @@ def test_a_fault_fails_only_its_batch(stage, monkeypatch, caplog):
 def test_index_fault_in_the_real_runner_fails_only_its_batch(tiny_embedding_dir, monkeypatch, caplog):
     import models
     from models import runner as runner_module
-
     runner = models.load_runner(str(tiny_embedding_dir), device="cpu", radix_mlp_threshold=1.0)
     real = runner_module.build_index
 

@@ -212,7 +212,6 @@ def test_cuda_outputs_come_back_through_a_host_copy_equal_to_a_waiting_run(tiny_
         pytest.skip("needs a CUDA device")
     import models
     from models import streams
-
     # no prefix cache: the second run would read the first's K/V and compute in other shapes
     runner = models.load_runner(str(tiny_embedding_dir), device="cuda", dtype="float32",
                                 prefix_cache_size=0)

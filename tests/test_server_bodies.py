@@ -12,7 +12,9 @@ from server.app import create_app
 from server.http.bodies import count_containers, parse_bytes
 from server.config import ServerConfig
 from server.http.errors import ApiError
-from server.routes.schemas import CohereRerankRequest, EmbedRequest, OpenAIEmbeddingRequest, TokenizeRequest
+from server.schemas.cohere import CohereRerankRequest
+from server.schemas.openai import OpenAIEmbeddingRequest
+from server.schemas.tei import EmbedRequest, TokenizeRequest
 from tests.serving import ServerThread, cached_runner
 from tests.limits import measure
 from tests.counting import CountingTokenizer

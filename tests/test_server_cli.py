@@ -250,7 +250,8 @@ def test_otlp_without_its_packages_starts_and_says_so(monkeypatch, caplog):
 
 
 def test_the_switch_interval_is_set_at_start_and_logged(caplog):
-    cli = server_cli
+    from server import process as cli
+
     before = sys.getswitchinterval()
     caplog.set_level(logging.INFO, logger=cli.log.name)
     try:
@@ -265,9 +266,11 @@ def test_the_switch_interval_is_set_at_start_and_logged(caplog):
 def test_start_up_objects_are_frozen_out_of_garbage_collection(caplog):
     import gc
 
-    caplog.set_level(logging.INFO, logger=server_cli.log.name)
+    from server import process
+
+    caplog.set_level(logging.INFO, logger=process.log.name)
     try:
-        server_cli.freeze_startup_objects()
+        process.freeze_startup_objects()
         frozen = gc.get_freeze_count()
         assert frozen > 1000  # this test process's modules and objects at least
     finally:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from models import prompts
+from models.text import prompts
 from tests.serving import cached_runner, serve
 
 QUERY = "what is the capital of france"

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from models import prompts
+from models.text import prompts
 from server.app import create_app
 from server.config import ServerConfig
 from tests.serving import ServerThread, cached_runner

@@ -17,13 +17,13 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import models.attention as attention
-from models.attention_lse import merge_into
-from models.tree_select import select_tree
+import models.attention.varlen as attention
+from models.attention.lse import merge_into
+from models.attention.tree_select import select_tree
 from models.batch import build_forward_batch
-from models.radix import build_index, positions_from_cu_seqlens
+from models.trie import build_index, positions_from_cu_seqlens
 from models.runner import load_runner
-from models.tree_attention import plan_tree, tree_cpu
+from models.attention.tree import plan_tree, tree_cpu
 from tests.test_model_attention import naive
 
 TOL = 1e-4
@@ -75,7 +75,7 @@ def test_tree_path_matches_naive_float64(seqs, heads, pool_rows):
 def test_shared_calls_in_pieces_match_naive(monkeypatch, pieces):
     """A shared call split into pieces of a few query rows (contiguous and gathered readers)
     gives what one call gives."""
-    import models.tree_attention as tree_attention
+    import models.attention.tree as tree_attention
 
     monkeypatch.setattr(tree_attention, "SHARED_ROWS", pieces)
     seqs = [[1, 2, 3, 4, 5, 6], [1, 2, 3, 7, 8], [1, 2, 9], [1, 2, 3, 4, 5, 10, 11], [1, 12]]
@@ -273,8 +273,8 @@ def test_cuda_tree_path_passes_its_probe_and_matches(dtype):
 def test_pair_budget_counts_what_the_encoder_builds(tiny_reranker_dir):
     """pair_tokens equals the encoder's own pair lengths (capped at max_length); over the limit,
     a 422-ready ValueError names the limit and the flag that raises it."""
-    from models.pair_budget import PairBudgetExceeded, check_pair_budget, pair_tokens
-    from models.prompts import DEFAULT_INSTRUCTION, RerankTemplate, format_rerank_body
+    from models.text.pair_budget import PairBudgetExceeded, check_pair_budget, pair_tokens
+    from models.text.prompts import DEFAULT_INSTRUCTION, RerankTemplate, format_rerank_body
 
     runner = load_runner(str(tiny_reranker_dir), device="cpu", dtype="float32", prefix_cache_size=0)
     enc = RerankTemplate(runner.tokenizer)

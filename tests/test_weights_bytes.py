@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import fixtures
-from models.linear import Linear
-from models.linear_quant import bf16_missing
+from models.linear.packed import Linear
+from models.linear.quant import bf16_missing
 from models.runner import load_runner
 
 

@@ -37,7 +37,7 @@ def peak_memory(runner, s: plan.Sizes, tokens: int) -> dict:
     """Bytes allocated at the peak of one forward of a `tokens`-token batch (B sequences sharing a
     prefix, S own tokens each) per mode, above what was allocated before it; None on a CPU."""
     from models.batch import build_forward_batch
-    from models.radix import build_index, positions_from_cu_seqlens
+    from models.trie import build_index, positions_from_cu_seqlens
 
     b, suffix = s.batch, s.suffix
     prefix = max(0, tokens // b - suffix)

@@ -8,7 +8,7 @@ What differs from the Qwen3 family, each where the checkpoint's config asks for 
   (c * tanh(s / c)), a sliding window on the layers `layer_types` names, norms after attention and
   around the MLP ("sandwich" norms), and the lm_head's logits soft-capped (`final_logits`: the
   yes/no reranker's two logits pass through it; a classification head does not).
-Soft-caps and windows are served by the attention spec (models/attention_spec.py): backends and
+Soft-caps and windows are served by the attention spec (models/attention/spec.py): backends and
 tree paths that cannot honour them are refused at load, with the reason logged.
 """
 from __future__ import annotations
@@ -18,12 +18,12 @@ import math
 import torch
 from torch import Tensor, nn
 
-from models.attention_spec import AttentionSpec
+from models.attention.spec import AttentionSpec
 from models.batch import ForwardBatch
-from models.config import ModelConfig
-from models.layers import MLP, Attention, AttentionOps, RMSNorm, Rotary
-from models.protocol import RerankSpec, ScoringModel
-from models.rerank_templates import BGE_GEMMA, BGE_GEMMA_PROMPT
+from models.checkpoint.config import ModelConfig
+from models.families.layers import MLP, Attention, AttentionOps, RMSNorm, Rotary
+from models.families.protocol import RerankSpec, ScoringModel
+from models.text.rerank_templates import BGE_GEMMA, BGE_GEMMA_PROMPT
 
 # The yes/no reranker of this family. Rule: a Gemma or Gemma2 causal LM served as a reranker is
 # read as BAAI's bge-reranker-v2-gemma (the Gemma yes/no reranker people serve): its FlagEmbedding

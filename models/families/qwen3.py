@@ -1,8 +1,8 @@
 """The Qwen3 family decoder (also Qwen2, Llama, Mistral) over one ragged token list.
 
 A decoder layer is pre-norm attention and a SwiGLU MLP; the norms, rotary, attention (with its
-RadixMLP dispatch) and the MLP are models/layers.py's. Module attribute names are the
-checkpoint's, so loading is a name walk (models/loader.py); the lm_head and score heads stay
+RadixMLP dispatch) and the MLP are models/families/layers.py's. Module attribute names are the
+checkpoint's, so loading is a name walk (models/checkpoint/loader.py); the lm_head and score heads stay
 ``nn.Linear``: pooling reads rows of them.
 """
 from __future__ import annotations
@@ -10,12 +10,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from models.attention_spec import AttentionSpec
+from models.attention.spec import AttentionSpec
 from models.batch import ForwardBatch
-from models.config import ModelConfig
-from models.layers import MLP, Attention, AttentionOps, RMSNorm, Rotary
-from models.prompts import DEFAULT_INSTRUCTION
-from models.protocol import RerankSpec, ScoringModel
+from models.checkpoint.config import ModelConfig
+from models.families.layers import MLP, Attention, AttentionOps, RMSNorm, Rotary
+from models.text.prompts import DEFAULT_INSTRUCTION
+from models.families.protocol import RerankSpec, ScoringModel
 
 
 # The yes/no reranker of this family: the Qwen3-Reranker template and words.

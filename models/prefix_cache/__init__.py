@@ -1,7 +1,7 @@
 """Cross-batch prefix cache: per-layer K/V rows of token blocks that earlier batches computed.
 
 One package, one job each:
-- `index`: the block radix tree, its eviction order and the preallocated K/V pool;
+- `blocks`: the block radix tree, its eviction order and the preallocated K/V pool;
   `PrefixCache.plan` looks a batch up and leases what it reads and writes, `commit_later` (the
   worker: queued, published by the next plan), `commit` or `abort` settle the lease.
 - `siblings`: each parent's committed children sorted by token bytes (the partial look-up).
@@ -13,11 +13,11 @@ One package, one job each:
 - `size`: bytes per cached token and the `--prefix-cache-size` grammar.
 
 Invariant: a hit is always the very same token prefix from position 0, and rows become readable
-by other batches only after the batch that wrote them committed (see `index`).
+by other batches only after the batch that wrote them committed (see `blocks`).
 """
 from __future__ import annotations
 
-from models.prefix_cache.index import BLOCK_TOKENS, Lease, PrefixCache
+from models.prefix_cache.blocks import BLOCK_TOKENS, Lease, PrefixCache
 from models.prefix_cache.io import CacheIO
 from models.prefix_cache.layout import CachePlan, cache_refusal, plan_batch
 from models.prefix_cache.size import DEFAULT_SIZE, bytes_per_token, capacity_tokens

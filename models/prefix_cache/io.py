@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from models.prefix_cache.index import Lease, PrefixCache
+from models.prefix_cache.blocks import Lease, PrefixCache
 
 if TYPE_CHECKING:
     from kernels import GatherPairFn

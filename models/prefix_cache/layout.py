@@ -18,10 +18,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from models.attention import to_device
-from models.prefix_cache.index import Lease, PrefixCache
+from models.streams import to_device
+from models.prefix_cache.blocks import Lease, PrefixCache
 from models.prefix_cache.io import CacheIO
-from models.radix import RadixIndex
+from models.trie import RadixIndex
 
 
 def cache_refusal(*, radix_attention: str, pooling: str, all_tokens: bool = False) -> str | None:

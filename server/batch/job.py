@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any, Protocol
 
 from server.batch import grouping
-from server.batch.engine import Answer, Counters
+from server.batch.inprocess import Answer, Counters
 from server.batch.lines import Invalid, Line, Request, answer_line, invalid_line, parse_line, read_lines
 from server.batch.output import ChunkWriter, Resume
 from server.batch.progress import Progress, Snapshot
@@ -29,7 +29,7 @@ log = logging.getLogger("radixserve.batch")
 
 
 class LineEngine(Protocol):
-    """What the job needs of an engine (server/batch/engine.py's ``Engine``; tests may fake it)."""
+    """What the job needs of an engine (server/batch/inprocess.py's ``Engine``; tests may fake it)."""
 
     async def call(self, request: Request) -> Answer: ...
 

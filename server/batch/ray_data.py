@@ -7,7 +7,7 @@
 
 The input is read as text lines (``ray.data.read_text``: a local path on a laptop, a shared or
 object-store path on a cluster), cut into blocks of ``window`` lines, and each block goes to one
-of ``actors`` actors. Each actor holds one engine (server/batch/engine.py: the model, its
+of ``actors`` actors. Each actor holds one engine (server/batch/inprocess.py: the model, its
 scheduler and the server's app, built once) and runs the single-process job on its block
 (server/batch/job.py: the same prefix grouping, the same per-line errors), returning the answer
 lines in block order. With Ray Data's ``preserve_order`` the driver receives the blocks in input
@@ -36,7 +36,7 @@ class BlockWorker:
     """A Ray Data actor: one engine for the actor's life, the batch job on each block of lines."""
 
     def __init__(self, model: str, flags: dict[str, Any], options: Options) -> None:
-        from server.batch.engine import Engine
+        from server.batch.inprocess import Engine
         from server.config import ServerConfig
 
         self.options = dataclasses.replace(options, numbered=False)

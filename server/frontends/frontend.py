@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
     config, view, index = hello["config"], hello["view"], hello["index"]
     from scheduler.metrics import Metrics
     from server.app import create_app
-    from server.cli import freeze_startup_objects
+    from server.process import freeze_startup_objects
     from server.http import listener, tracing
     from server.http.connections import paced
     from server.http.logs import setup_logging

@@ -12,7 +12,7 @@ more inputs than ``--max-client-batch-size`` (``maxItems``), token ids outside t
 source sentence, /score's text_1 neither one nor as many as text_2, and unknown fields that are
 not scalars (the server ignores them, but counts their arrays and objects against the body's
 container bound). Shapes the models fix (Cohere's ``texts`` required, /predict's pairs) are
-set on the pydantic models (server/routes/schemas*.py). ``HeadAsGet`` answers HEAD on every GET route (the GET
+set on the pydantic models (server/schemas/). ``HeadAsGet`` answers HEAD on every GET route (the GET
 answer without its body); 405s carry ``Allow`` (server/http/errors.py).
 """
 from __future__ import annotations

@@ -26,64 +26,12 @@ from fastapi import APIRouter, Request, Response
 
 from server.http.bodies import openapi_body, parse_body
 from server.http.errors import ApiError
-from server.routes.schemas import CohereRerankRequest, CohereRerankResponse
-from server.routes.schemas_compat import (CohereEmbedRequest, CohereEmbedResponse, CohereV2RerankRequest,
-                                          CohereV2RerankResponse)
+from server.schemas.cohere import CohereRerankRequest, CohereRerankResponse
+from server.schemas.cohere import CohereEmbedRequest, CohereEmbedResponse, CohereV2RerankRequest, CohereV2RerankResponse
 from server.service.core import Call, Service
 from server.service.encoding import RECORD_VALUES, base64_rows, dumps, float_array, json_answer, render
-from server.service.results import Embeddings, Usage, ranked
-
-SUPPORTED_TYPES = ("float", "base64")
-QUANTIZED_TYPES = ("int8", "uint8", "binary", "ubinary")
-# Cohere's truncate -> (truncate, direction): END cuts the end (our right), START the start.
-TRUNCATE = {"END": (True, "right"), "START": (True, "left"), "NONE": (False, "right")}
-
-
-def input_type_prompt(service: Service, input_type: str | None) -> str:
-    """The prompt text for a Cohere input_type (see the module docstring)."""
-    named = service.runner.prompts or {}
-    if input_type is None:
-        return service.resolve_prompt(None)
-    if input_type == "image":
-        raise ApiError("validation", "input_type 'image' is not supported: this server embeds text")
-    if input_type == "search_query":
-        return named["query"] if "query" in named else service.resolve_prompt(None)
-    if input_type in ("classification", "clustering") and input_type in named:
-        return named[input_type]
-    return named.get("document", "")
-
-
-def _check_types(types: list[str] | None, *, default: list[str] | None) -> list[str] | None:
-    types = default if types is None else types
-    if types is None:
-        return None
-    if not types:
-        raise ApiError("validation", "embedding_types must not be empty")
-    for t in types:
-        if t in QUANTIZED_TYPES:
-            raise ApiError("validation", f"embedding_types {t!r} is not supported; use 'float' or 'base64'")
-        if t not in SUPPORTED_TYPES:
-            raise ApiError("validation", f"unknown embedding_types {t!r}; supported: 'float', 'base64'")
-    return list(dict.fromkeys(types))
-
-
-def _meta(version: str, **billed) -> dict:
-    return {"api_version": {"version": version}, "billed_units": billed}
-
-
-def by_type(result: Embeddings, types: list[str] | None) -> dict:
-    """v1 without embedding_types answers the plain float list; otherwise embeddings by type.
-
-    Float arrays come encoded (``orjson.Fragment``): the caller renders with ``encoding.dumps``."""
-    if types is None:
-        return {"response_type": "embeddings_floats", "embeddings": orjson.Fragment(float_array(result.vectors))}
-    embeddings: dict = {}
-    if "float" in types:
-        embeddings["float"] = orjson.Fragment(float_array(result.vectors))
-    if "base64" in types:
-        embeddings["base64"] = base64_rows(result.vectors)
-    return {"response_type": "embeddings_by_type", "embeddings": embeddings}
-
+from server.service.cohere_embed import answer_cohere_embed, cohere_meta
+from server.service.results import Usage, ranked
 
 class CohereRoutes:
     """The Cohere/Jina handlers of one app, bound to its service and the served model name."""
@@ -97,31 +45,7 @@ class CohereRoutes:
         call = self.service.begin(f"cohere_embed_v{version}")
         self.service.require("embedding", request.url.path)
         body = await parse_body(request, CohereEmbedRequest, max_items=self.max_items)
-        return await self.answer_embed(request, body, call, version=version)
-
-    async def answer_embed(self, request: Request, body: CohereEmbedRequest, call: Call, *,
-                           version: str) -> Response:
-        """Cohere's embed answer to a parsed body (also POST / given Cohere's body: server/routes/tei.py)."""
-        service = self.service
-        if body.images is not None or body.inputs is not None:
-            raise ApiError("validation", "images and inputs are not supported; send texts")
-        if body.texts is None:
-            raise ApiError("validation", "texts is required")
-        texts = body.texts
-        service.check_inputs(len(texts), empty=any(t == "" for t in texts), what="texts")
-        service.check_dimensions(body.output_dimension)
-        # v1 without embedding_types answers the plain float list; v2 always answers by type.
-        types = _check_types(body.embedding_types, default=["float"] if version == "2" else None)
-        prompt = input_type_prompt(service, body.input_type)
-        truncate, direction = TRUNCATE[body.truncate] if body.truncate else (service.truncate(None), "right")
-        result = await service.embed(request, call, texts, prompt=prompt, truncate=truncate, direction=direction,
-                                     dimensions=body.output_dimension, normalize=True)
-        meta = _meta(version, input_tokens=result.usage.tokens)
-
-        def build() -> bytes:
-            return dumps({"id": str(uuid.uuid4()), "texts": texts, "meta": meta, **by_type(result, types)})
-
-        return json_answer(await render(build, weight=result.vectors.size), result.usage.headers())
+        return await answer_cohere_embed(self.service, request, body, call, version=version)
 
     async def embed_v1(self, request: Request) -> Response:
         """Cohere v1 embed: texts, input_type, embedding_types (float/base64), output_dimension."""
@@ -175,7 +99,7 @@ class CohereRoutes:
 
         def build() -> bytes:
             results = [{"index": i, "relevance_score": scores[i]} for i in order[: body.top_n]]
-            return dumps({"id": str(uuid.uuid4()), "results": results, "meta": _meta("2", search_units=1)})
+            return dumps({"id": str(uuid.uuid4()), "results": results, "meta": cohere_meta("2", search_units=1)})
 
         return json_answer(await render(build, weight=RECORD_VALUES * len(order)), usage.headers())
 

@@ -22,7 +22,7 @@ from enum import Enum
 from fastapi import APIRouter, Request, Response
 
 from server.http.bodies import openapi_body, parse_body
-from server.routes.schemas_compat import InfinityRerankRequest, InfinityRerankResponse
+from server.schemas.infinity import InfinityRerankRequest, InfinityRerankResponse
 from server.service.core import Service
 from server.service.encoding import RECORD_VALUES, dumps, json_answer, render
 from server.service.results import ranked

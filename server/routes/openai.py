@@ -20,8 +20,8 @@ from fastapi import APIRouter, Request, Response
 
 from server.http.bodies import openapi_body, parse_body
 from server.http.errors import ApiError
-from server.routes.schemas import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
-from server.routes.schemas_compat import OpenAIModel, OpenAIModelList
+from server.schemas.openai import OpenAIEmbeddingRequest, OpenAIEmbeddingResponse
+from server.schemas.openai import OpenAIModel, OpenAIModelList
 from server.service.core import Service
 from server.service.encoding import base64_rows, dumps, float_records, json_answer, render, with_array
 from server.service.results import Embeddings

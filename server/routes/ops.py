@@ -9,7 +9,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from server.routes.schemas_compat import InfoCompat
+from server.schemas.tei import InfoCompat
 from server.service.core import Service
 
 

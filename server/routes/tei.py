@@ -31,12 +31,12 @@ from fastapi import APIRouter, Request, Response
 
 from server.http.bodies import openapi_body, parse_body
 from server.http.errors import ApiError
-from server.routes.schemas import EmbedRequest, Rank, RerankRequest, SimpleToken, TokenizeRequest
-from server.routes.cohere import CohereRoutes
-from server.routes.schemas_compat import (CohereEmbedRequest, DecodeRequest, DocumentsRerankRequest,
-                                          DocumentsRerankResponse, EmbedAllRequest, SimilarityRequest)
-from server.routes.schemas_scoring import Prediction, PredictRequest
+from server.schemas.tei import EmbedRequest, Rank, RerankRequest, SimpleToken, TokenizeRequest
+from server.schemas.cohere import CohereEmbedRequest
+from server.schemas.tei import DecodeRequest, DocumentsRerankRequest, DocumentsRerankResponse, EmbedAllRequest, SimilarityRequest
+from server.schemas.tei import PredictRequest, Prediction
 from server.service import scoring
+from server.service.cohere_embed import answer_cohere_embed
 from server.service.heads import use_instead
 from server.service.core import Call, Service
 from server.service.encoding import RECORD_VALUES, dumps, float_array, json_answer, ragged_array, render
@@ -108,7 +108,6 @@ class TeiRoutes:
         self.service = service
         self.model_name = model_name
         self.max_items = service.limits.max_client_batch_size
-        self.cohere = CohereRoutes(service, model_name=model_name)  # Cohere's embed body at POST /
 
     # -- answers shared by a route and the dispatch ----------------------------------------------
     async def answer_embed(self, request: Request, body: EmbedRequest, call: Call) -> Response:
@@ -252,7 +251,7 @@ class TeiRoutes:
         if isinstance(parsed, SimilarityRequest):
             return await self.answer_similarity(request, parsed, call)
         if isinstance(parsed, CohereEmbedRequest):
-            return await self.cohere.answer_embed(request, parsed, call, version="1")
+            return await answer_cohere_embed(self.service, request, parsed, call, version="1")
         return await self.answer_embed(request, parsed, call)
 
     async def embed_all(self, request: Request) -> Response:

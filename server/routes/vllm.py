@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request, Response
 
 from server.http.bodies import openapi_body, parse_body
 from server.http.errors import ApiError
-from server.routes.schemas_scoring import ClassifyRequest, PoolingRequest, ScoreRequest
+from server.schemas.vllm import ClassifyRequest, PoolingRequest, ScoreRequest
 from server.service import scoring
 from server.service.core import Service
 from server.service.encoding import RECORD_VALUES, dumps, json_answer, render

@@ -21,7 +21,7 @@ from typing import Any, Awaitable, Callable, Iterator, Sequence
 
 from starlette.requests import Request
 
-from models import prompts
+from models.text import prompts
 from scheduler import BatchFailed, SubmitResult, WorkerDead
 from scheduler.metrics import Metrics
 from server.http import cache_salt

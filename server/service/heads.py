@@ -7,7 +7,7 @@ number of labels), "reward" (a one-label score head, read raw).
 """
 from __future__ import annotations
 
-from models import rerank_templates
+from models.text import rerank_templates
 from server.service.contract import ServedRunner
 
 # kind -> the POST routes that run its model (the others answer 400 naming these)

@@ -14,7 +14,7 @@ from typing import Sequence, Union
 import numpy as np
 from starlette.requests import Request
 
-from models.prompts import InputTooLong, encode_embedding_inputs
+from models.text.prompts import InputTooLong, encode_embedding_inputs
 from server.service.core import Call, Items, Service
 from server.service.results import Scores, Usage
 

@@ -5,7 +5,7 @@ never blocks on the tokenizer (HF tokenizers releases the GIL inside its Rust ba
 except a short request (``short``: a few inputs, ~2k characters), encoded on the loop: that costs
 tens of microseconds, less than the hop to a thread and back.
 Prompt and truncation failures, and a rerank request over the pair-token budget
-(``max_pair_tokens``, models/pair_budget.py), surface as ApiError (422) in the route's dialect. /tokenize's
+(``max_pair_tokens``, models/text/pair_budget.py), surface as ApiError (422) in the route's dialect. /tokenize's
 answer is bounded: at most ``max_display_tokens`` tokens per request, counted on prefixes of the
 inputs (work in proportion to the cap, ``count_capped``) before the full encode and any token
 object, and rendered to JSON bytes in the executor too.
@@ -18,7 +18,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Sequence, TypeVar
 
-from models import prompts, rerank_templates
+from models.text import prompts
+from models.text import rerank_templates
 from scheduler.metrics import Metrics
 from server.http.errors import ApiError
 from server.service.contract import ServedRunner
@@ -42,7 +43,7 @@ class Tokenization:
         self.metrics = metrics
         # NOTE: the embedding table's rows bound valid ids (an id past it would crash the batch).
         self.vocab_size = int(runner.config.vocab_size)
-        # a reranker's template, by the name the family's RerankSpec gives (models/rerank_templates.py)
+        # a reranker's template, by the name the family's RerankSpec gives (models/text/rerank_templates.py)
         self.rerank = (rerank_templates.build_template(runner.rerank_template, runner.tokenizer,
                                                        bos_id=runner.config.bos_token_id)
                        if runner.kind == "reranker" else None)

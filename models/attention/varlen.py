@@ -5,7 +5,7 @@
 Invariant: the causal mask is aligned bottom-right. Query i of a sequence with lq queries and
 lk keys sees keys j <= i + lk - lq (lq == lk is plain causal; lq < lk is compact mode, where the
 queries are the last lq tokens of the sequence). A GPU kernel is only used after a probe at
-build time shows it implements exactly that alignment (models/attention_select.py).
+build time shows it implements exactly that alignment (models/attention/select.py).
 
 The two portable paths here run on any device:
 - ``sdpa_varlen``: one SDPA call per run of equal-shape sequences (views, no copies). Fastest on
@@ -13,7 +13,7 @@ The two portable paths here run on any device:
   On the CPU an owner with lq < lk builds no [lq, lk] mask: its keys are split into the prefix
   (no mask) and its own block (causal), merged by log-sum-exp (``split_prefix``), and a causal
   run (lq == lk) is the same flash call as a tree's own block: K/V heads are not repeated per
-  query head where the kernel broadcasts them (models/attention_lse.py). With narrow heads, many
+  query head where the kernel broadcasts them (models/attention/lse.py). With narrow heads, many
   short sequences of different shapes share batched calls by prefix length (``short_plan``).
 - ``sdpa_padded``: sequences padded into a few [b, H, Lq, Lk] batches with bool masks built once
   per batch on the host (``AttnMeta.padded``): one SDPA call per layer in the common case.
@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from models.attention_lse import block_lse, merge_two, needs_grad
+from models.streams import to_device
+from models.attention.lse import block_lse, merge_two, needs_grad
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class AttentionBackend:
     fn: AttnFn
     # Why each other backend is not the one running: {name: reason} (start-up log, /info).
     rejected: dict[str, str] = field(default_factory=dict, compare=False)
-    # What it honours beyond plain causal attention (models/attention_spec.py): "softcap", "window"
+    # What it honours beyond plain causal attention (models/attention/spec.py): "softcap", "window"
     honours: frozenset[str] = field(default=frozenset(), compare=False)
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor, meta: AttnMeta, *, scale: float,
@@ -165,13 +166,6 @@ def split_prefix(q: Tensor, k: Tensor, v: Tensor, prefix: int, *, scale: float) 
     o1, lse1 = block_lse(q, k[:, :, :prefix], v[:, :, :prefix], causal=False, scale=scale)
     o2, lse2 = block_lse(q, k[:, :, prefix:], v[:, :, prefix:], causal=True, scale=scale)
     return merge_two(o1, lse1, o2, lse2)[0]  # [g, H, lq, D]
-
-
-def to_device(t: Tensor, device: torch.device) -> Tensor:
-    """A host tensor on `device`: on CUDA through pinned memory, without blocking the host."""
-    if device.type == "cuda":
-        return t.pin_memory().to(device, non_blocking=True)
-    return t.to(device)
 
 
 def make_meta(cu_q, cu_k, device: torch.device | str) -> AttnMeta:

@@ -3,11 +3,11 @@
 A family states one `AttentionSpec` per model: the score scale, an attention-logit soft-cap
 (Gemma2: logits -> c * tanh(logits / c)) and a sliding window (a query sees the last `window`
 keys, itself included; Gemma2 alternates it with full attention layer by layer). Backend
-selection (models/attention_select.py) keeps only backends that honour the spec and logs why the
+selection (models/attention/select.py) keeps only backends that honour the spec and logs why the
 others were refused; the fused kernels honour neither feature, so a spec with one of them runs on
 ``spec_varlen`` here, which every device has.
 
-Invariant: the mask is the backends' bottom-right causal mask (models/attention.py), with the
+Invariant: the mask is the backends' bottom-right causal mask (models/attention/varlen.py), with the
 window counted in positions: query i of a sequence with lq queries and lk keys sits at position
 i + lk - lq and sees key j iff j <= i + lk - lq and (i + lk - lq) - j < window. Every forward
 mode hands attention a sequence's keys in position order from 0, so this is the checkpoint's own
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from models.attention import AttnMeta
+from models.attention.varlen import AttnMeta
 
 FEATURES = ("softcap", "window")
 

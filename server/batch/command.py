@@ -120,7 +120,7 @@ def summary_line(s: dict) -> str:
 
 async def run(args: argparse.Namespace, config: ServerConfig, source: IO[bytes], writer: ChunkWriter,
               resume: Resume, progress: Progress | None, runner: Any = None) -> Totals:
-    from server.batch.engine import Engine
+    from server.batch.inprocess import Engine
 
     options = options_of(args, config)
     async with Engine.build(config, runner) as engine:

@@ -4,8 +4,8 @@ What varies: the weights' precision (``cpu_weights``: fp32, int8 or bf16, the op
 it changes the outputs) and, within it, the op (the choice made here: it does not change the
 precision). Candidates, in order of preference:
 
-    fp32: onednn-packed (models/linear.py), F.linear
-    int8: int8-dynamic, int8-rowwise            (models/linear_quant.py)
+    fp32: onednn-packed (models/linear/packed.py), F.linear
+    int8: int8-dynamic, int8-rowwise            (models/linear/quant.py)
     bf16: bf16-packed, bf16-linear              (only on a CPU with avx512_bf16 or AMX, oneDNN
                                                  not capped below them; elsewhere the fp32 choice)
 
@@ -34,9 +34,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models import linear as packed_linear, measure_cache
-from models.linear import Linear, clear_kernels, pack_linears, set_kernels, unpack_linears
-from models.linear_quant import KERNELS, bf16_missing
+from models import measure_cache
+from models.linear import packed as packed_linear
+from models.linear.packed import Linear, clear_kernels, pack_linears, set_kernels, unpack_linears
+from models.linear.quant import KERNELS, bf16_missing
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +154,7 @@ def _measured(names: list[str], shapes: list[Linear],
     """(`measure`'s scores of `names` on `shapes`, "measured" or "read from the measurement cache").
 
     The cache (models/measure_cache.py) serves only the real clock: an injected `timer` measures."""
-    entry = measure_cache.key("cpu-linear", modules=("models.linear", "models.linear_quant", "models.linear_select"),
+    entry = measure_cache.key("cpu-linear", modules=("models.linear.packed", "models.linear.quant", "models.linear.select"),
                               dtype=torch.float32, kernels=names, rows=ROWS,
                               shapes=[(m.out_features, m.in_features, m.bias is not None) for m in shapes])
     if timer is time.perf_counter:
@@ -168,7 +169,7 @@ def _measured(names: list[str], shapes: list[Linear],
 
 
 def _install(model: nn.Module, choice: LinearChoice, keep_dense: bool) -> LinearChoice:
-    """Put `choice`'s kernel on every layer (fp32 packed: models.linear.pack_linears)."""
+    """Put `choice`'s kernel on every layer (fp32 packed: models.linear.packed.pack_linears)."""
     clear_kernels(model)
     unpack_linears(model)
     if choice.kernel == "onednn-packed":

@@ -16,8 +16,8 @@ Contract:
   the rare other path (autograd recording, another shape or dtype) runs ``F.linear`` on the
   weight rebuilt from the packed copy (exact: a reorder is a permutation). ``--cpu-packed-weights
   false`` at the server keeps plain ``F.linear`` (docs/operations.md).
-- A ``Linear`` given a reduced-precision ``kernel`` (models/linear_quant.py: int8 or bf16
-  weights, chosen and measured at load by models/linear_select.py) runs it instead, under the
+- A ``Linear`` given a reduced-precision ``kernel`` (models/linear/quant.py: int8 or bf16
+  weights, chosen and measured at load by models/linear/select.py) runs it instead, under the
   same conditions; once the dense weight is dropped, ``dense_weight`` is the one the kernel
   computes with (int8: dequantized).
 - ``pack_linears`` runs only on the CPU in float32, and only after a self-test of the op on the
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from models.linear_quant import KERNELS, Kernel
+from models.linear.quant import KERNELS, Kernel
 
 SELF_TEST_ROWS = 5
 SELF_TEST_TOL = 1e-4  # relative to the output's scale; fp32 summation order differs by ~1e-6
@@ -40,7 +40,7 @@ class Linear(nn.Linear):
     """nn.Linear that uses a oneDNN-reordered weight for CPU fp32 inference once packed."""
 
     packed: Tensor | None = None
-    kernel: Kernel | None = None  # a reduced-precision weight and its op (models.linear_quant)
+    kernel: Kernel | None = None  # a reduced-precision weight and its op (models.linear.quant)
 
     @property
     def dense_dropped(self) -> bool:
@@ -112,7 +112,7 @@ def unpack_linears(model: nn.Module) -> None:
 
 
 def set_kernels(model: nn.Module, name: str, *, keep_dense: bool = True) -> None:
-    """Give every ``Linear`` of `model` a `name` kernel (models.linear_quant.KERNELS) built from
+    """Give every ``Linear`` of `model` a `name` kernel (models.linear.quant.KERNELS) built from
     its float32 weight, one layer at a time; keep_dense=False frees each dense weight after."""
     make = KERNELS[name]
     for m in model.modules():

@@ -1,6 +1,6 @@
 """What `load_runner` chooses once, at build, and logs: the attention backend and tree path for
 the family's attention spec and the CPU attention blocks' kernel (the linear layers' kernel is
-chosen in models/linear_select.py).
+chosen in models/linear/select.py).
 
 Each choice says at start which path runs and why the others do not (the start-up log, /info).
 """
@@ -10,12 +10,12 @@ import logging
 
 import torch
 
-from models.attention import AttentionBackend
-from models.attention_lse import select_cpu_kernel
-from models.attention_select import select_backend
-from models.attention_spec import AttentionSpec
-from models.config import ModelConfig
-from models.tree_select import TreeBackend, select_tree
+from models.attention.varlen import AttentionBackend
+from models.attention.lse import select_cpu_kernel
+from models.attention.select import select_backend
+from models.attention.spec import AttentionSpec
+from models.checkpoint.config import ModelConfig
+from models.attention.tree_select import TreeBackend, select_tree
 
 log = logging.getLogger("models.runner")  # the start-up lines of loading, under one logger
 

@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 
 from tokenizers import Encoding, Tokenizer
 
-from models.pair_budget import check_pair_budget, pair_tokens
+from models.text.pair_budget import check_pair_budget, pair_tokens
 
 RERANK_PREFIX = (
     "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query and "

@@ -4,7 +4,7 @@ Invariant: softmax attention over keys K = K1 ∪ K2 equals the merge of the att
 over K2 weighted by exp(lse_i - lse), lse = log(exp(lse_1) + exp(lse_2)); so a query's keys can
 be split into blocks (a shared prefix without a mask, its own tokens causally) and nothing is
 approximated. The CPU kernels used here (aten's flash attention for the CPU, or for large blocks
-the oneDNN tiles of ``models.attention_tiles`` where ``select_cpu_kernel`` measured them faster
+the oneDNN tiles of ``models.attention.tiles`` where ``select_cpu_kernel`` measured them faster
 at load) tile queries and keys, so memory stays O(rows x keys-per-tile): no [Lq, Lk] mask or
 score matrix is ever built, and where the flash kernel takes fewer K/V heads than query heads
 (checked once, ``flash_takes_gqa``) K/V are never repeated per query head either.
@@ -22,8 +22,8 @@ import time
 import torch
 from torch import Tensor
 
-from models import attention_tiles, measure_cache
-
+from models import measure_cache
+from models.attention import tiles as attention_tiles
 log = logging.getLogger(__name__)
 
 _CPU_FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -111,7 +111,7 @@ def select_cpu_kernel(wanted: bool, *, heads: int, kv_heads: int, head_dim: int)
 def _measure(heads: int, kv_heads: int, head_dim: int, threads: int) -> float:
     """`_time_tiles`'s gain, read from the measurement cache when this machine, torch, thread
     count, shape and kernel code measured it before (models/measure_cache.py)."""
-    entry = measure_cache.key("cpu-attention-tiles", modules=("models.attention_tiles", "models.attention_lse"),
+    entry = measure_cache.key("cpu-attention-tiles", modules=("models.attention.tiles", "models.attention.lse"),
                               dtype=torch.float32, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                               threads=threads)
     cached = measure_cache.lookup(entry)

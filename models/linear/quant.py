@@ -15,7 +15,7 @@ dequantized one for int8) for the paths a kernel does not serve (autograd, other
 - ``bf16-packed``: bf16 weights reordered once for oneDNN (avx512_bf16/AMX where the CPU has
   them), bf16 inputs, float32 out.
 - ``bf16-linear``: plain ``F.linear`` on bf16 weights and inputs.
-Which of a precision's kernels runs is measured at load (models/linear_select.py).
+Which of a precision's kernels runs is measured at load (models/linear/select.py).
 """
 from __future__ import annotations
 

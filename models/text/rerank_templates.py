@@ -1,6 +1,6 @@
 """The yes/no reranker templates a family's RerankSpec names, and how each one scores.
 
-- "qwen3-reranker" (models/prompts.py's RerankTemplate): Qwen3-Reranker's chat template, the body
+- "qwen3-reranker" (models/text/prompts.py's RerankTemplate): Qwen3-Reranker's chat template, the body
   ``<Instruct>: ...\\n<Query>: ...\\n<Document>: ...``; score logit("yes") - logit("no").
 - "bge-reranker-gemma": BAAI's bge-reranker-v2-gemma as FlagEmbedding's ``FlagLLMReranker`` builds
   it: ids = [bos] + ids("A: {query}") + ids("\\n") + ids("B: {passage}") + ids("\\n") + ids(prompt),
@@ -15,8 +15,8 @@ from typing import Sequence
 
 from tokenizers import Tokenizer
 
-from models.pair_budget import check_pair_budget, pair_tokens
-from models.prompts import (
+from models.text.pair_budget import check_pair_budget, pair_tokens
+from models.text.prompts import (
     Cut, InputTooLong, QueryTooLong, RerankTemplate, _check_direction, _encode_ids_only, cut_body, encode_bounded,
 )
 

@@ -9,7 +9,7 @@ then its own block. Here that path is split along the trie (cascade / Hydragen d
   queries of all its readers (every such query sees the whole segment);
 - *own calls*: each owner's block attends to itself causally (runs of equal-length owners are
   one batched call, views of the packed tensors);
-- the partials of a query row are merged exactly by their log-sum-exp (models/attention_lse.py).
+- the partials of a query row are merged exactly by their log-sum-exp (models/attention/lse.py).
 
 Keys are never gathered per sequence: a segment is a slice of the source K/V ([pool rows read |
 new rows] with a prefix cache, so a cache hit is read once per batch and layer), and the own
@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from models.attention import to_device
-from models.attention_lse import block_lse, merge_into, merge_two, merge_two_
+from models.streams import to_device
+from models.attention.lse import block_lse, merge_into, merge_two, merge_two_
 from models.options import TREE_ATTENTION
 
 log = logging.getLogger(__name__)

@@ -1,10 +1,10 @@
 """Choosing the tree-attention path once, at model build, with a probe on a small trie.
 
-Invariant: as for the attention backends (models/attention_select.py), a path runs only after it
+Invariant: as for the attention backends (models/attention/select.py), a path runs only after it
 matched a float64 reference here, on this device and dtype, in the model's head layout: the
 flat compact attention over each owner's gathered keys, on a trie with a segment read by
 non-adjacent owners, one read by adjacent ones, a pool offset before the new rows, and an owner
-without ancestors. CPU: per-segment flash calls (models/tree_attention.py, ``tree_cpu``); CUDA:
+without ancestors. CPU: per-segment flash calls (models/attention/tree.py, ``tree_cpu``); CUDA:
 two varlen calls whose kernels return the log-sum-exp (flash-attn, then torch's varlen_attn, then
 aten's flash op beneath it; fp16/bf16); with none, tree attention is off and ``rejected`` says why.
 """
@@ -18,10 +18,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.attention import make_meta, sdpa_varlen
-from models.attention_select import HALF, Shape
-from models.attention_spec import AttentionSpec, refusal
-from models.tree_attention import TreeFn, auto_plans_tree, plan_tree, tree_cpu, tree_varlen
+from models.attention.varlen import make_meta, sdpa_varlen
+from models.attention.select import HALF, Shape
+from models.attention.spec import AttentionSpec, refusal
+from models.attention.tree import TreeFn, auto_plans_tree, plan_tree, tree_cpu, tree_varlen
 
 log = logging.getLogger(__name__)
 

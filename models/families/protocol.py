@@ -13,12 +13,12 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from models.batch import ForwardBatch
-from models.config import ModelConfig
+from models.checkpoint.config import ModelConfig
 
 
 @dataclass(frozen=True)
 class RerankSpec:
-    """What a family's yes/no reranker reads: the template (by name: models/rerank_templates.py
+    """What a family's yes/no reranker reads: the template (by name: models/text/rerank_templates.py
     builds its token ids), the answer words whose lm_head rows score, and the default instruction.
     ``no`` None: the score is the "yes" logit alone (bge-reranker-v2-gemma), else the difference."""
 

@@ -23,9 +23,9 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from models.attention import (PORTABLE, AttentionBackend, AttnFn, AttnMeta, make_meta,
+from models.attention.varlen import (PORTABLE, AttentionBackend, AttnFn, AttnMeta, make_meta,
                               sdpa_varlen)
-from models.attention_spec import HONOURS, AttentionSpec, refusal, spec_varlen
+from models.attention.spec import HONOURS, AttentionSpec, refusal, spec_varlen
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ def select_backend(device: torch.device | str, *, dtype: torch.dtype, heads: int
                    head_dim: int, spec: AttentionSpec | None = None) -> AttentionBackend:
     """The attention backend for this device, dtype and head layout; see the module docstring.
 
-    spec: what the checkpoint needs beyond causal softmax (models/attention_spec.py); backends
+    spec: what the checkpoint needs beyond causal softmax (models/attention/spec.py); backends
     that cannot honour it are refused with the reason logged, and ``spec-varlen`` serves it.
     """
     device = torch.device(device)

@@ -1,26 +1,16 @@
-"""Request bodies of the score-head routes: TEI's /predict, vLLM's /classify, /score, /pooling.
-
-Shapes follow the originals (TEI's router/src/http/types.rs; vLLM's pooling protocols): unknown
-fields are ignored, texts are strict JSON strings.
+"""vLLM's bodies: /classify, /pooling, /score (vLLM's pooling protocols).
 """
 from __future__ import annotations
 
 from typing import Annotated, Any, ClassVar, Literal, Union
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr
+from pydantic import BeforeValidator, ConfigDict, Field, StrictBool, StrictInt, StrictStr
 
-from server.routes.schemas import Direction, _Inference, _whole_int
+from server.schemas.common import _Inference, _whole_int
 
-# -1 (the server's maximum) or a token count; 18.0 is 18 (see server/routes/schemas.py)
+
+# -1 (the server's maximum) or a token count; 18.0 is 18 (see server/schemas/common.py)
 TruncateTokens = Annotated[StrictInt, Field(ge=-1), BeforeValidator(_whole_int)]
-
-
-def _pairs(schema: dict[str, Any]) -> None:
-    """An input is one string or a pair: every list of strings holds one or two."""
-    for shape in schema["properties"]["inputs"]["anyOf"]:
-        texts = shape.get("items", {}) if shape.get("items", {}).get("type") == "array" else shape
-        if texts.get("type") == "array":
-            texts.update(minItems=1, maxItems=2)
 
 
 def _truncate_tokens(schema: dict[str, Any], *, allowed: tuple[dict, ...]) -> None:
@@ -28,17 +18,6 @@ def _truncate_tokens(schema: dict[str, Any], *, allowed: tuple[dict, ...]) -> No
 
 
 MINUS_ONE = {"type": "integer", "enum": [-1]}
-
-
-class PredictRequest(_Inference):
-    """TEI: `inputs` a string, a pair [str, str], or a batch [[str] or [str, str], ...]."""
-
-    model_config = ConfigDict(extra="ignore", json_schema_extra=_pairs)
-
-    inputs: Union[StrictStr, list[StrictStr], list[list[StrictStr]]]
-    truncate: StrictBool | None = Field(None, description="default: the server's --auto-truncate")
-    truncation_direction: Direction = Field("right", description="Right or Left (any case)")
-    raw_scores: StrictBool = Field(False, description="the head's logits instead of softmax/sigmoid")
 
 
 class _VllmBody(_Inference):
@@ -78,14 +57,6 @@ class ScoreRequest(_VllmBody):
     def count_inputs(cls, data: dict) -> int:
         """The larger side: `text_1` may hold as many texts as `text_2`."""
         return max(len(v) if isinstance(v, list) else 1 for v in (data.get("text_1"), data.get("text_2")))
-
-
-
-class Prediction(BaseModel):
-    """One label's answer of TEI's /predict."""
-
-    score: float
-    label: str
 
 
 def _score_schema(schema: dict[str, Any]) -> None:

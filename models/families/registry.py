@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from models.attention_spec import AttentionSpec
-    from models.protocol import RerankSpec, ScoringModel
+    from models.attention.spec import AttentionSpec
+    from models.families.protocol import RerankSpec, ScoringModel
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,7 @@ def resolve(model_type: str, architectures: tuple[str, ...]) -> Entry:
 
 def default_kind(entry: Entry, labels: int) -> str | None:
     """The kind a score head serves unless told: one label a reranker, more a classifier; None
-    for other heads (the checkpoint directory decides: models/checkpoint_dir.py)."""
+    for other heads (the checkpoint directory decides: models/checkpoint/directory.py)."""
     if entry.head != SCORE_HEAD:
         return None
     return "reranker" if labels == 1 else "classifier"
@@ -109,8 +109,8 @@ def check_kind(entry: Entry, kind: str, labels: int = 0) -> None:
 def build_model(entry: Entry, cfg: Any, ops: Any, *, rope_device: Any, lm_head: bool = False,
                 num_labels: int = 0) -> "ScoringModel":
     """The family's model for `cfg` (models/families/<family>.py's `build`), its parameters
-    allocated but never initialised (`models.layers.no_init`): the checkpoint fills every one."""
-    from models.layers import no_init
+    allocated but never initialised (`models.families.layers.no_init`): the checkpoint fills every one."""
+    from models.families.layers import no_init
 
     module = importlib.import_module(f"models.families.{entry.family}")
     with no_init():

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from models.linear import Linear
+from models.linear.packed import Linear
 
 # What a snapshot download needs (weights, config, tokenizer, sentence-transformers files).
 ALLOW_PATTERNS = (
@@ -167,7 +167,7 @@ def _to_device(param: str, parts: list[torch.Tensor], rows: tuple[int, ...] | No
 def memory_report(model: nn.Module, device: torch.device) -> dict[str, int]:
     """Bytes of the weights as served (`weights_bytes`) and, on CUDA, what the allocator holds.
 
-    Read after the linear kernels are installed (models/linear_select.py): int8 or bf16 weights
+    Read after the linear kernels are installed (models/linear/select.py): int8 or bf16 weights
     count at their own size. On CUDA the allocator's cached blocks are released first, so
     ``reserved_bytes`` is what the weights really keep; reserved well above allocated means
     fragments the next batch cannot use.

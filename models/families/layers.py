@@ -21,11 +21,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from kernels import GatherFn, GatherPairFn
-from models.attention import AttentionBackend
-from models.attention_lse import needs_grad
+from models.attention.varlen import AttentionBackend
+from models.attention.lse import needs_grad
 from models.batch import ForwardBatch
-from models.config import ModelConfig, rope_inv_freq
-from models.linear import Linear
+from models.checkpoint.config import ModelConfig, rope_inv_freq
+from models.linear.packed import Linear
 
 
 # The torch modules families build whose constructor initialises its parameters at random
@@ -36,7 +36,7 @@ _NO_INIT = threading.Lock()
 
 
 def _skip_init(self: nn.Module) -> None:
-    """Leave the parameters as allocated: the checkpoint fills every one (models/loader.py)."""
+    """Leave the parameters as allocated: the checkpoint fills every one (models/checkpoint/loader.py)."""
 
 
 @contextlib.contextmanager
@@ -133,7 +133,7 @@ class RadixAttention:
     def __init__(self, ops: AttentionOps, layer_idx: int, scale: float, *,
                  softcap: float | None = None, window: int | None = None):
         self.ops, self.layer_idx, self.scale = ops, layer_idx, scale
-        # soft-cap / window of this layer, passed only when set (models/attention_spec.py)
+        # soft-cap / window of this layer, passed only when set (models/attention/spec.py)
         self.extra: dict = {k: v for k, v in (("softcap", softcap), ("window", window)) if v is not None}
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch) -> Tensor:
@@ -160,7 +160,7 @@ class RadixAttention:
 class Attention(nn.Module):
     """Fused QKV, optional per-head q/k RMSNorm (Qwen3), rotary, attention over the batch's layout
     (`RadixAttention`), O projection. scale (default head_dim ** -0.5), softcap and window are the
-    checkpoint's (models/attention_spec.py)."""
+    checkpoint's (models/attention/spec.py)."""
 
     def __init__(self, cfg: ModelConfig, ops: AttentionOps, layer_idx: int, *, scale: float | None = None,
                  softcap: float | None = None, window: int | None = None):
@@ -169,7 +169,7 @@ class Attention(nn.Module):
         self.heads, self.kv_heads, self.head_dim = (cfg.num_attention_heads,
                                                     cfg.num_key_value_heads, cfg.head_dim)
         e, hd = cfg.hidden_size, cfg.head_dim
-        # One GEMM for Q, K and V: rows [q | k | v] (models/loader.py concatenates q/k/v_proj).
+        # One GEMM for Q, K and V: rows [q | k | v] (models/checkpoint/loader.py concatenates q/k/v_proj).
         self.qkv_proj = Linear(e, (self.heads + 2 * self.kv_heads) * hd, bias=cfg.qkv_bias)
         self.fused_rows = {"qkv_proj": (self.heads * hd, self.kv_heads * hd, self.kv_heads * hd)}
         self.o_proj = Linear(self.heads * hd, e, bias=cfg.o_bias)
@@ -223,7 +223,7 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         e, i = cfg.hidden_size, cfg.intermediate_size
-        # One GEMM for gate and up: rows [gate | up] (models/loader.py concatenates them).
+        # One GEMM for gate and up: rows [gate | up] (models/checkpoint/loader.py concatenates them).
         self.gate_up_proj = Linear(e, 2 * i, bias=cfg.mlp_bias)
         self.down_proj = Linear(i, e, bias=cfg.mlp_bias)
         self.intermediate = i
