@@ -86,7 +86,7 @@ def test_unreadable_weights_name_the_file_and_the_uid(model_dir):
     message = _as_other_user(lambda: resolve_model_dir(str(model_dir)))
     uid = os.getuid() if os.getuid() != 0 else OTHER_UID
     assert message.startswith(f"cannot read {weights} as uid {uid} ("), message
-    assert f"mode 0600" in message and f"owner uid {weights.stat().st_uid}" in message, message
+    assert "mode 0600" in message and f"owner uid {weights.stat().st_uid}" in message, message
     assert f"chown -R {uid} {model_dir}" in message and "\n" not in message, message
 
 

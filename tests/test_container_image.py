@@ -80,7 +80,7 @@ def _build_mounts() -> list[str]:
         if shutil.which("podman"):
             return []  # a machine with a registry: the base image is pulled
         pytest.skip(f"no podman, and no {script} to install it (RADIXSERVE_CONTAINER_BASE names its path)")
-    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=3600)
+    proc = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=900)
     if proc.returncode == 3:
         pytest.skip(f"{script.name} exit 3: {proc.stderr.strip()[-500:]}")
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -158,7 +158,7 @@ class Container:
         self.name = f"radixserve-test-{name}-{RUN_ID}"
         self.port, self.probe_port = _free_port(), _free_port()
         self.url, self.probe_url = f"http://127.0.0.1:{self.port}", f"http://127.0.0.1:{self.probe_port}"
-        _podman("rm", "-f", "--ignore", self.name, check=False)
+        _podman("rm", "-f", "-v", "--ignore", self.name, check=False)
         _podman("run", "-d", "--name", self.name, "--stop-timeout", str(_stop_timeout_from_docs()),
                 "-p", f"127.0.0.1:{self.port}:8080", "-p", f"127.0.0.1:{self.probe_port}:9000",
                 "-v", f"{model_dir}:/models/m:ro", *podman_args,
@@ -186,7 +186,7 @@ class Container:
         raise AssertionError(f"not healthy after {SAFETY_S} s (safety net):\n{self.logs()[-4000:]}")
 
     def remove(self) -> None:
-        _podman("rm", "-f", "--ignore", self.name, check=False)
+        _podman("rm", "-f", "-v", "--ignore", self.name, check=False)
 
 
 class Outside:
@@ -263,22 +263,24 @@ def _close(a, b, tol=1e-5) -> float:
     return diff
 
 
-def test_embed_answer_equals_the_checkpoint_served_outside(served):
+def test_embed_answer_equals_the_checkpoint_served_outside(served, request):
     inside = httpx.post(served["emb"].url + "/embed", json={"inputs": TEXTS}, timeout=120)
     outside = httpx.post(served["emb-outside"].url + "/embed", json={"inputs": TEXTS}, timeout=120)
     assert inside.status_code == outside.status_code == 200, (inside.text, outside.text)
     assert len(inside.json()) == len(TEXTS)
-    _close(inside.json(), outside.json())
+    diff = _close(inside.json(), outside.json())
+    _report(request.config, f"/embed in the image vs outside: max |difference| {diff:.2e}")
 
 
-def test_rerank_answer_equals_the_checkpoint_served_outside(served):
+def test_rerank_answer_equals_the_checkpoint_served_outside(served, request):
     body = {"query": "which text is about containers?", "texts": TEXTS, "raw_scores": True}
     inside = httpx.post(served["rr"].url + "/rerank", json=body, timeout=120)
     outside = httpx.post(served["rr-outside"].url + "/rerank", json=body, timeout=120)
     assert inside.status_code == outside.status_code == 200, (inside.text, outside.text)
     by_index = [sorted(r.json(), key=lambda x: x["index"]) for r in (inside, outside)]
     assert [x["index"] for x in by_index[0]] == list(range(len(TEXTS)))
-    _close([x["score"] for x in by_index[0]], [x["score"] for x in by_index[1]])
+    diff = _close([x["score"] for x in by_index[0]], [x["score"] for x in by_index[1]])
+    _report(request.config, f"/rerank in the image vs outside: max |difference| {diff:.2e}")
 
 
 def test_prometheus_port_serves_health_and_metrics(served):
