@@ -4,6 +4,15 @@
 #   docker build -t radixserve .                                  # GPU (default, last stage)
 #   docker build --target cpu -t radixserve:cpu .                 # CPU only, python:3.11-slim
 #   docker build --build-arg WITH_FLASH_ATTN=1 -t radixserve:fa . # GPU + flash-attn (slow build)
+#   podman build --format docker --target cpu -t radixserve:cpu . # podman/buildah: see the NOTE
+#
+# NOTE: podman and buildah write OCI images by default, and the OCI format has no HEALTHCHECK (it
+# is dropped with a warning): build with `--format docker` to keep it. Base images are named in
+# full (docker.io/...) because podman resolves no short names without a configured registry.
+# NOTE: TORCH_INDEX_URL is the wheel index torch comes from (default: the PyTorch index of the
+# stage, .../whl/cpu or .../whl/${TORCH_CUDA}). Behind a mirror or proxy pass its URL; an empty
+# value (`--build-arg TORCH_INDEX_URL=`) leaves the index to pip's own configuration (pip.conf,
+# PIP_INDEX_URL, PIP_FIND_LINKS), whose torch must then be the right build.
 #
 # GPU pair: torch ${TORCH_VERSION} from the PyTorch ${TORCH_CUDA} wheel index on an
 # nvidia/cuda ${CUDA_VERSION} base. The devel stage compiles the CUDA kernels (kernels/*.cu) for
@@ -20,9 +29,10 @@ ARG UBUNTU_VERSION=24.04
 
 # ---------------------------------------------------------------------------------------------
 # Stage 1: CUDA devel. Python venv with torch + the project; the kernels built once, here.
-FROM nvidia/cuda:${CUDA_VERSION}-devel-ubuntu${UBUNTU_VERSION} AS cuda-build
+FROM docker.io/nvidia/cuda:${CUDA_VERSION}-devel-ubuntu${UBUNTU_VERSION} AS cuda-build
 ARG TORCH_VERSION
 ARG TORCH_CUDA
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/${TORCH_CUDA}
 ARG WITH_FLASH_ATTN=0
 ARG FLASH_ATTN_VERSION=2.8.3
 # flash-attn compile: its own arch list and a cap on parallel compiler jobs. This is
@@ -55,7 +65,7 @@ RUN apt-get update \
     && python -m pip install --upgrade pip
 
 # torch first, from the CUDA wheel index (a plain `pip install torch` picks whatever CUDA PyPI has).
-RUN python -m pip install torch==${TORCH_VERSION} --index-url https://download.pytorch.org/whl/${TORCH_CUDA} \
+RUN python -m pip install torch==${TORCH_VERSION} ${TORCH_INDEX_URL:+--index-url "${TORCH_INDEX_URL}"} \
     && python -m pip install ninja packaging wheel
 
 # Optional flash-attn stage, compiled against the torch above with ninja (installed above):
@@ -82,8 +92,9 @@ RUN cd / && python -m kernels.build && ls -lR "${TORCH_EXTENSIONS_DIR}"
 
 # ---------------------------------------------------------------------------------------------
 # Stage 2 (target `cpu`): CPU only, the same install commands as .ci/run (torch pin, then .).
-FROM python:3.11-slim AS cpu
+FROM docker.io/library/python:3.11-slim AS cpu
 ARG TORCH_VERSION
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -99,18 +110,25 @@ ENV PIP_NO_CACHE_DIR=1 \
 RUN apt-get update \
     && apt-get install -y --no-install-recommends libjemalloc2 \
     && rm -rf /var/lib/apt/lists/* \
-    && python -m pip install torch==${TORCH_VERSION} --index-url https://download.pytorch.org/whl/cpu
+    && python -m pip install torch==${TORCH_VERSION} ${TORCH_INDEX_URL:+--index-url "${TORCH_INDEX_URL}"}
 
+# The project's dependencies from pyproject.toml alone, in a layer of their own: a change to the
+# sources (or the README) rebuilds only the `--no-deps` install below, which takes seconds.
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" \
+        > /tmp/requirements.txt \
+    && python -m pip install -r /tmp/requirements.txt && rm /tmp/requirements.txt \
+    && useradd --create-home --uid 10001 radixserve \
+    && mkdir -p /data && chown radixserve:radixserve /data
+COPY README.md ./
 COPY server ./server
 COPY scheduler ./scheduler
 COPY models ./models
 COPY kernels ./kernels
 COPY loadtest ./loadtest
-RUN python -m pip install . \
-    && useradd --create-home --uid 10001 radixserve \
-    && mkdir -p /data && chown radixserve:radixserve /data
+# NOTE: the in-tree build leaves build/ and radixserve.egg-info in /src; removed in the same layer.
+RUN python -m pip install --no-deps . && rm -rf build ./*.egg-info
 
 # Memory: jemalloc instead of glibc's malloc for every process in the container (the bare
 # soname resolves on any architecture): under a churning load it settles where glibc keeps
@@ -152,7 +170,7 @@ ENTRYPOINT ["radixserve"]
 # The image is the base, Python and the venv (wheels: torch 502 MB, triton 189 MB, nvidia-*
 # about 1.9 GB): roughly 1.3 GB (runtime) to 1.7 GB (cudnn-runtime) smaller compressed. These
 # figures are estimates from the PyPI wheel sizes, not from built images.
-FROM nvidia/cuda:${CUDA_VERSION}-base-ubuntu${UBUNTU_VERSION} AS gpu
+FROM docker.io/nvidia/cuda:${CUDA_VERSION}-base-ubuntu${UBUNTU_VERSION} AS gpu
 
 # NOTE: the gather kernel is imported straight from the prebuilt .so when its stamp (sources,
 # torch, CUDA, TORCH_CUDA_ARCH_LIST, flags; kernels/build.py) matches and a self-test gather on

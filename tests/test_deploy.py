@@ -78,10 +78,10 @@ def test_dockerfile_stages_and_default_target(stages):
     order = [s["name"] for s in stages["__order__"]]
     assert set(order) == {"cuda-build", "cpu", "gpu"}
     assert order[-1] == "gpu", "the default target (last stage) must be the GPU image"
-    assert stages["cuda-build"]["base"].startswith("nvidia/cuda:") and "-devel-" in stages["cuda-build"]["base"]
+    assert stages["cuda-build"]["base"].startswith("docker.io/nvidia/cuda:") and "-devel-" in stages["cuda-build"]["base"]
     # The CUDA *base* image: torch's wheel ships the CUDA libraries the runtime image would duplicate.
-    assert stages["gpu"]["base"].startswith("nvidia/cuda:") and "-base-" in stages["gpu"]["base"]
-    assert stages["cpu"]["base"] == "python:3.11-slim"
+    assert stages["gpu"]["base"].startswith("docker.io/nvidia/cuda:") and "-base-" in stages["gpu"]["base"]
+    assert stages["cpu"]["base"] == "docker.io/library/python:3.11-slim"
     # Devel and base images come from the same CUDA/Ubuntu args, so the venv's python matches.
     assert stages["cuda-build"]["base"].replace("-devel-", "-base-") == stages["gpu"]["base"]
 
@@ -243,9 +243,9 @@ def test_cpu_image_installs_like_ci(stages):
     assert stages["__global__"]["instrs"] and args_of(stages["__global__"])["TORCH_VERSION"] == ci_pin
     runs = [a for k, a in stages["cpu"]["instrs"] if k == "RUN"]
     torch_step = next(i for i, r in enumerate(runs) if "torch==${TORCH_VERSION}" in r)
-    project_step = next(i for i, r in enumerate(runs) if re.search(r"pip install \.(\s|$)", r))
+    project_step = next(i for i, r in enumerate(runs) if re.search(r"pip install (--no-deps )?\.(\s|$)", r))
     assert torch_step < project_step
-    assert "whl/cpu" in runs[torch_step]
+    assert args_of(stages["cpu"])["TORCH_INDEX_URL"] == "https://download.pytorch.org/whl/cpu"
     # the pinned torch, then the project (optional extras such as Ray may follow, best-effort)
     ci_steps = [s for s in re.findall(r"pip install (.+)", ci) if not s.startswith("-q ")]
     assert ci_steps[-2].startswith("torch==") and ci_steps[-1].startswith("-e ")
@@ -279,3 +279,108 @@ def test_dockerignore_keeps_what_the_build_copies():
                 assert not ignored(str(f.relative_to(ROOT))), f
     for heavy in (".git", "tests", "deploy/grafana", "x/__pycache__/a.pyc"):
         assert ignored(heavy), heavy
+
+
+# --- what podman/buildah and mirrors need (issue: the image built and run in CI) -------------
+
+def test_base_images_are_fully_qualified(stages):
+    """podman resolves no short name (`nvidia/cuda:...`) without a configured search registry."""
+    for stage in stages["__order__"]:
+        registry = stage["base"].split("/")[0]
+        assert "." in registry or ":" in registry or registry == "localhost", stage["base"]
+
+
+@pytest.mark.parametrize("target, index", [("cpu", "https://download.pytorch.org/whl/cpu"),
+                                           ("cuda-build", "https://download.pytorch.org/whl/${TORCH_CUDA}")])
+def test_torch_wheel_index_is_a_build_argument(stages, target, index):
+    """A mirror or proxy passes TORCH_INDEX_URL; empty leaves the index to pip's configuration."""
+    stage = stages[target]
+    args = args_of(stage)
+    assert args["TORCH_INDEX_URL"] == index
+    if "${TORCH_CUDA}" in index:  # declared in the stage before the default that uses it
+        names = [a.partition("=")[0] for k, a in stage["instrs"] if k == "ARG"]
+        assert names.index("TORCH_CUDA") < names.index("TORCH_INDEX_URL")
+    runs = [a for k, a in stage["instrs"] if k == "RUN" and "torch==${TORCH_VERSION}" in a]
+    assert len(runs) == 1
+    assert '${TORCH_INDEX_URL:+--index-url "${TORCH_INDEX_URL}"}' in runs[0], runs[0]
+    assert "download.pytorch.org" not in runs[0]  # no index hard-coded past the argument
+    text = (ROOT / "Dockerfile").read_text()
+    assert "--build-arg TORCH_INDEX_URL=" in text
+
+
+def test_header_says_to_keep_healthcheck_with_the_docker_format():
+    lines = (ROOT / "Dockerfile").read_text().split("\nARG ", 1)[0].splitlines()
+    header = " ".join(line.lstrip("# ") for line in lines if line.startswith("#"))
+    assert "--format docker" in header and "HEALTHCHECK" in header and "OCI" in header, header
+    ops = (ROOT / "docs" / "operations.md").read_text()
+    assert "--format docker" in ops
+
+
+def test_cpu_stage_leaves_no_build_debris_in_src(stages):
+    """The in-tree build writes build/ and *.egg-info into /src: removed in the same layer."""
+    runs = [a for k, a in stages["cpu"]["instrs"] if k == "RUN" and re.search(r"pip install (--no-deps )?\.", a)]
+    assert len(runs) == 1 and "rm -rf build ./*.egg-info" in runs[0], runs
+
+
+def test_cpu_stage_installs_dependencies_before_the_sources_arrive(stages):
+    """Layer cache: a source change reruns only the `--no-deps` install; the dependencies' layer
+    depends on pyproject.toml alone."""
+    instrs = stages["cpu"]["instrs"]
+    deps = next(i for i, (k, a) in enumerate(instrs) if k == "RUN" and "requirements.txt" in a)
+    copies = [(i, a) for i, (k, a) in enumerate(instrs) if k == "COPY"]
+    before = [a.split()[:-1] for i, a in copies if i < deps]
+    assert before == [["pyproject.toml"]], before
+    project = next(i for i, (k, a) in enumerate(instrs) if k == "RUN" and "pip install --no-deps ." in a)
+    for package in ("server", "scheduler", "models", "kernels", "loadtest"):
+        at = next(i for i, a in copies if a.split()[0] == package)
+        assert deps < at < project, package
+
+
+def test_dockerignore_keeps_build_debris_and_venvs_out():
+    patterns = {p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines()}
+    assert {".venv", "build", "dist", "**/__pycache__"} <= patterns
+    assert "*.egg-info" in patterns and "**/*.egg-info" in patterns
+
+
+# --- GPU stages: what can be checked without the CUDA base images --------------------------------
+
+def test_cuda_version_matches_the_torch_cuda_wheel_tag(stages):
+    """TORCH_CUDA=cuXY needs a CUDA X.Y base (the pairs move together, the header says)."""
+    glob = {k: (v or "").strip('"') for k, v in args_of(stages["__global__"]).items()}
+    tag = re.fullmatch(r"cu(\d+)(\d)", glob["TORCH_CUDA"])
+    assert tag, glob["TORCH_CUDA"]
+    major, minor = glob["CUDA_VERSION"].split(".")[:2]
+    assert (tag.group(1), tag.group(2)) == (major, minor), (glob["TORCH_CUDA"], glob["CUDA_VERSION"])
+    for stage in ("cuda-build", "gpu"):
+        assert "${CUDA_VERSION}" in stages[stage]["base"] and "${UBUNTU_VERSION}" in stages[stage]["base"]
+    # every ${ARG} a stage uses is declared for it (globals only reach FROM lines)
+    for name in ("cuda-build", "cpu", "gpu"):
+        declared = set(args_of(stages[name])) | {k for k, _ in env_of(stages[name]).items()}
+        for keyword, arg in stages[name]["instrs"]:
+            if keyword in ("RUN", "ENV"):
+                for used in re.findall(r"\$\{(\w+)", arg):
+                    assert used in declared or used == "PATH", (name, used)
+
+
+def test_gpu_runtime_stage_gets_what_the_kernels_load(stages):
+    """kernels.build loads a prebuilt library only when its stamp matches: the sources (installed
+    as package data into the venv the gpu stage copies), torch, CUDA_HOME and the arch list."""
+    import tomllib
+
+    from kernels.build import EXTENSIONS
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]["kernels"]
+    for ext in EXTENSIONS:
+        for source in ext.sources:
+            assert source.parent.name == "kernels" and any(fnmatch(source.name, p) for p in data), source
+    build, gpu = stages["cuda-build"], stages["gpu"]
+    venv = env_of(build)["VIRTUAL_ENV"]
+    assert env_of(gpu)["VIRTUAL_ENV"] == venv and env_of(gpu)["PATH"].startswith(f"{venv}/bin:")
+    runs = [a for k, a in build["instrs"] if k == "RUN"]
+    install = next(i for i, r in enumerate(runs) if re.search(r"pip install \.(\s|$)", r))
+    kernel = next(i for i, r in enumerate(runs) if "kernels.build" in r)
+    assert install < kernel and runs[kernel].startswith("cd / &&")  # the installed sources, not /src
+    copies = {a.split()[-1]: a for k, a in gpu["instrs"] if k == "COPY"}
+    assert "--chown=radixserve" in copies[env_of(build)["TORCH_EXTENSIONS_DIR"]]  # the loader may rebuild there
+    gpu_runs = " ".join(a for k, a in gpu["instrs"] if k == "RUN")
+    assert "python3" in gpu_runs  # the venv's interpreter symlink points at the system python3

@@ -85,6 +85,32 @@ def test_docker_compose_config_accepts_file():
     assert proc.returncode == 0, proc.stderr
 
 
+def test_podman_compose_config_accepts_every_profile():
+    """podman-compose (PyPI) reads the file with each profile (Debian's docker-compose 1.29 cannot:
+    it predates the top-level `name:`), and each profile brings exactly its services."""
+    if shutil.which("podman-compose") is None or shutil.which("podman") is None:
+        pytest.skip("podman-compose or podman not installed (pip install podman-compose)")
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    always = {name for name, svc in compose["services"].items() if "profiles" not in svc}
+    profiles = sorted({p for svc in compose["services"].values() for p in svc.get("profiles", [])})
+    assert profiles == ["cpu", "router"], profiles
+    for profile in [None, *profiles]:
+        flags = ["--profile", profile] if profile else []
+        proc = subprocess.run(["podman-compose", "-f", str(ROOT / "docker-compose.yml"), *flags, "config"],
+                              capture_output=True, text=True, cwd=ROOT, timeout=120)
+        assert proc.returncode == 0, (profile, proc.stderr[-3000:])
+        resolved = yaml.safe_load(proc.stdout)
+        expected = always | {n for n, svc in compose["services"].items() if profile in svc.get("profiles", [])}
+        assert set(resolved["services"]) == expected, (profile, set(resolved["services"]))
+        for name, svc in resolved["services"].items():
+            for dep in svc.get("depends_on", {}):
+                assert dep in resolved["services"], (profile, name, dep)  # podman-compose does not check it
+            for volume in svc.get("volumes", []):
+                source = volume.split(":")[0] if isinstance(volume, str) else volume.get("source", "")
+                if not source.startswith(("/", ".")):
+                    assert source in compose["volumes"], (name, source)
+
+
 # --- Prometheus and Grafana --------------------------------------------------------------------
 
 def test_prometheus_scrapes_radixserve():
@@ -222,3 +248,80 @@ def test_operations_doc_names_what_compose_ships(compose):
     for path in ("deploy/kubernetes/router-haproxy.yaml", "deploy/haproxy/haproxy.cfg", "deploy/haproxy/render.sh",
                  "X-Prefix-Key"):
         assert path in doc, path
+
+
+def test_kubernetes_manifests_validate_against_the_api_schemas():
+    """Every manifest document against the OpenAPI schemas of a current Kubernetes release (strict:
+    a misspelt field fails), with the schemas kubernetes-validate bundles (no cluster, no network)."""
+    kv = pytest.importorskip("kubernetes_validate", reason="pip install kubernetes-validate")
+    version = kv.latest_version()
+    assert tuple(int(x) for x in version.split(".")[:2]) >= (1, 33), version
+    checked = 0
+    for path in sorted((DEPLOY / "kubernetes").glob("*.yaml")):
+        for doc in _docs(path.name):
+            kv.validate(doc, version, strict=True)
+            checked += 1
+    assert checked >= 4
+    # the validator is not a no-op: a misspelt probe and a duration where seconds go both fail
+    bad = _docs("radixserve.yaml")[0]
+    bad["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
+    with pytest.raises(kv.ValidationError):
+        kv.validate(bad, version, strict=True)
+    bad = _docs("radixserve.yaml")[0]
+    bad["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = "35s"
+    with pytest.raises(kv.ValidationError):
+        kv.validate(bad, version, strict=True)
+
+
+def test_image_and_manifests_agree_on_user_ports_probes_and_stop_grace(compose):
+    """The Dockerfile's image and the Deployment (and compose) describe the same container."""
+    from dataclasses import fields
+
+    from server.config import ServerConfig
+    from tests.test_deploy import dockerfile_stages, env_of
+
+    stages = {s["name"]: s for s in dockerfile_stages((ROOT / "Dockerfile").read_text())[1:]}
+    deployment = _docs("radixserve.yaml")[0]
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    args = container["args"]
+    flag = {a: b for a, b in zip(args, args[1:]) if a.startswith("--")}
+    drain = next(f.default for f in fields(ServerConfig) if f.name == "graceful_shutdown_timeout")
+    for target in ("gpu", "cpu"):
+        instrs = stages[target]["instrs"]
+        runs = " ".join(a for k, a in instrs if k == "RUN")
+        user = [a for k, a in instrs if k == "USER"][-1]
+        uid = int(re.search(rf"useradd .*--uid (\d+) {user}\b", runs).group(1))
+        # user: the image's uid is the one the pod runs as, and its /data group
+        assert pod["securityContext"]["runAsNonRoot"] is True
+        assert pod["securityContext"]["runAsUser"] == uid and pod["securityContext"]["fsGroup"] == uid
+        # ports: the image's EXPOSE is the API port the pod names `http` and passes as --port
+        exposed = [a for k, a in instrs if k == "EXPOSE"][-1]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert str(ports["http"]) == exposed == flag["--port"]
+        assert {s.split(":")[-1] for svc in ("radixserve", "radixserve-cpu")
+                for s in compose["services"][svc]["ports"]} == {exposed}
+        # probes: the HEALTHCHECK's path, on the --prometheus-port listener the pod names `probes`
+        check = [a for k, a in instrs if k == "HEALTHCHECK"][-1]
+        path = re.search(r"127\.0\.0\.1:%s(/\w+)", check).group(1)
+        assert str(ports["probes"]) == flag["--prometheus-port"]
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["httpGet"] == {"path": path, "port": "probes"}, probe
+        assert deployment["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(ports["probes"])
+        # the start allowance: the startup probe waits as long as the HEALTHCHECK's start period
+        period = float(re.search(r"--start-period=(\d+)s", check).group(1))
+        startup = container["startupProbe"]
+        assert startup["periodSeconds"] * startup["failureThreshold"] >= period, (startup, period)
+        # the cache volume: HF_HOME and the VOLUME are where the pod mounts its cache
+        assert env_of(stages[target])["HF_HOME"] == "/data"
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["HF_HOME"] == "/data" and {"name": "hf-cache", "mountPath": "/data"} in container["volumeMounts"]
+    # stop grace: preStop + the drain + margin within Kubernetes' grace; compose and docker run
+    # give the drain more than Docker's 10 s default
+    pre_stop = float(container["lifecycle"]["preStop"]["exec"]["command"][-1])
+    assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain + 5
+    for svc in ("radixserve", "radixserve-cpu", "radixserve-replica"):
+        grace = compose["services"][svc]["stop_grace_period"]
+        assert grace.endswith("s") and float(grace[:-1]) > drain, (svc, grace)
+    readme = (ROOT / "README.md").read_text()
+    assert float(re.search(r"`docker run [^`]*--stop-timeout (\d+)", readme).group(1)) > drain

@@ -10,6 +10,8 @@ names); extra checkpoint keys are ignored.
 from __future__ import annotations
 
 import json
+import os
+from fnmatch import fnmatch
 from pathlib import Path
 
 import torch
@@ -53,19 +55,52 @@ def resolve_model_dir(model_id: str | Path, revision: str | None = None) -> Path
     """A local checkpoint directory for `model_id` (a path, or a hub id fetched into the cache)."""
     path = Path(model_id).expanduser()
     if path.is_dir():
+        check_readable(path)
         return path
     if path.is_absolute() or str(model_id).startswith((".", "~")) or str(model_id).count("/") > 1:
         raise FileNotFoundError(f"model directory {str(model_id)!r} does not exist")
     try:
         from huggingface_hub import snapshot_download
 
-        return Path(snapshot_download(str(model_id), revision=revision,
-                                      allow_patterns=list(ALLOW_PATTERNS)))
+        snapshot = Path(snapshot_download(str(model_id), revision=revision,
+                                          allow_patterns=list(ALLOW_PATTERNS)))
     except Exception as exc:  # offline, unknown id, no access: all the same to the caller
         raise FileNotFoundError(
             f"could not find model {str(model_id)!r} (revision {revision or 'default'}): not a local "
             f"directory, and the hub download failed ({type(exc).__name__}: {exc})"
         ) from exc
+    check_readable(snapshot)  # a cache volume filled by another user
+    return snapshot
+
+
+def check_readable(model_dir: Path) -> None:
+    """Raise PermissionError, in one line naming the uid to grant, when this process cannot read
+    the directory or one of the checkpoint files in it (those ALLOW_PATTERNS names).
+
+    A model directory mounted into a container often belongs to another user, and save_pretrained
+    writes model.safetensors as 0600: safetensors then reports "No such file or directory" for a
+    file that is there, hiding the permission problem. Checked once at start, before any read.
+    """
+    uid = os.getuid()
+    grant = f"grant uid {uid} read access (e.g. `chmod -R a+rX {model_dir}` or `chown -R {uid} {model_dir}`)"
+    if not os.access(model_dir, os.R_OK | os.X_OK):
+        raise PermissionError(f"cannot read model directory {model_dir} as uid {uid} "
+                              f"({_owner_mode(model_dir)}): {grant}")
+    files = [f for f in sorted(model_dir.iterdir()) if f.is_file() and any(fnmatch(f.name, p) for p in ALLOW_PATTERNS)]
+    pooling = model_dir / "1_Pooling"
+    if pooling.is_dir() and os.access(pooling, os.R_OK | os.X_OK):
+        files += sorted(f for f in pooling.iterdir() if f.is_file())
+    elif pooling.is_dir():
+        files.append(pooling)
+    denied = [f for f in files if not os.access(f, os.R_OK)]
+    if denied:
+        more = f" and {len(denied) - 1} more" if len(denied) > 1 else ""
+        raise PermissionError(f"cannot read {denied[0]}{more} as uid {uid} ({_owner_mode(denied[0])}): {grant}")
+
+
+def _owner_mode(path: Path) -> str:
+    st = path.stat()
+    return f"owner uid {st.st_uid}, mode {st.st_mode & 0o7777:04o}"
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
