@@ -6,10 +6,12 @@ failed lines. On a terminal the line is redrawn in place at most every ``TTY_INT
 log (stderr is a file or a pipe) a plain line is written at most every ``LOG_INTERVAL_S``, and
 always at the end.
 
-The ETA is the lines left over the rate measured from the first answered line on, not from the
+The ETA is the lines left over the rate measured from the first batch's answers on, not from the
 start: the first answer waits for a whole batch to be formed, tokenized and run (seconds on a
-CPU), and a rate that counted that wait would put the ETA at hours for a job of seconds. Before a
-second answer there is no rate, and no ETA (``ETA -``).
+CPU), and a rate that counted that wait would put the ETA at hours for a job of seconds; the
+lines answered within ``BURST_S`` of the first one (its batch, answered together) are not counted
+either, or they would read as lines done in no time. Until later answers there is no ETA
+(``ETA -``).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from typing import IO
 
 TTY_INTERVAL_S = 0.2
+BURST_S = 0.25  # answers this close to the first one came with it (one batch)
 LOG_INTERVAL_S = 10.0
 
 
@@ -47,7 +50,7 @@ class Progress:
         self.start = clock()
         self.last = float("-inf")
         self.width = 0
-        self.first: tuple[float, int] | None = None  # (clock, lines done) at the first answer
+        self.first: tuple[float, int] | None = None  # (clock at the first answer, lines done with its batch)
 
     def begin(self) -> None:
         """Start the clock (the job's first line; model loading is not counted)."""
@@ -81,6 +84,8 @@ class Progress:
         now = self.clock()
         if self.first is None and s.done > 0:
             self.first = (now, s.done)
+        elif self.first is not None and now - self.first[0] <= BURST_S:
+            self.first = (self.first[0], s.done)  # the rest of the first batch
         interval = TTY_INTERVAL_S if self.tty else LOG_INTERVAL_S
         if not final and now - self.last < interval:
             return
