@@ -8,7 +8,7 @@
 The input is read as text lines (``ray.data.read_text``: a local path on a laptop, a shared or
 object-store path on a cluster), cut into blocks of at most ``window`` lines and, for a local
 file, at most lines / ``actors`` (rounded up), so that a file smaller than actors x window is
-still spread over every actor; each block goes to one of ``actors`` actors. Each answer carries
+still ``actors`` blocks; each block goes to one of ``actors`` actors (Ray picks which). Each answer carries
 the actor that made it: the driver reports how many lines each actor answered. Each actor holds one engine (server/batch/inprocess.py: the model, its
 scheduler and the server's app, built once) and runs the single-process job on its block
 (server/batch/job.py: the same prefix grouping, the same per-line errors), returning the answer
