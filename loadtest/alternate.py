@@ -26,7 +26,7 @@ import httpx
 
 from loadtest import scrape
 from loadtest.client import (Progress, RunConfig, RunResult, check_url, measured_requests, record, scrape_metrics,
-                             send)
+                             send, warmup_requests)
 from loadtest.workloads import Request
 
 
@@ -56,9 +56,9 @@ async def run_async(requests: list[Request], cfg: RunConfig, urls: list[str]) ->
     async with contextlib.AsyncExitStack() as stack:
         clients = [await stack.enter_async_context(httpx.AsyncClient(timeout=cfg.timeout, limits=one,
                                                                      headers=headers)) for _ in urls]
-        for i in range(cfg.warmup):
+        for i, warm in enumerate(warmup_requests(requests, cfg)):  # none of them is measured
             for k in rotation(i, len(urls)):
-                await send(clients[k], urls[k], requests[i % len(requests)])
+                await send(clients[k], urls[k], warm)
         before = [await scrape_metrics(c, u) for c, u in zip(clients, urls)]
         progress = Progress(cfg.progress, total=limit, duration=cfg.duration)
         ticker = asyncio.create_task(progress.tick())

@@ -115,10 +115,11 @@ def _add_load_args(p: argparse.ArgumentParser) -> None:
                    help="requests to send (default: one pass over the data when --duration is unset)")
     g.add_argument("--duration", type=_positive_float, default=None, help="stop sending after this many seconds")
     g.add_argument("--warmup", type=_non_negative_int, default=2,
-                   help="unmeasured requests first (the list's first ones, sent one at a time)")
+                   help="unmeasured requests first, one at a time: the workload's first ones with every query and "
+                        "passage marked, so none is a measured request (a prefix cache cannot answer from them)")
     g.add_argument("--warmup-continues", action="store_true",
-                   help="the measured run cycles over the requests after the warm-up's, so none is sent twice "
-                        "(default: it starts over at the first request)")
+                   help="the measured run starts after the first --warmup requests of the list "
+                        "(default: at the first request)")
     g.add_argument("--timeout", type=_positive_float, default=120.0, help="per-request timeout (s)")
     g.add_argument("--api-key", default=None)
     g.add_argument("--quiet", "--no-progress", dest="quiet", action="store_true",
@@ -183,23 +184,33 @@ def _dataset(a) -> datasets.Dataset:
 
 def _load(a) -> tuple[datasets.Dataset, list[workloads.Request]]:
     ds = _dataset(a)
-    reqs = workloads.build_requests(ds, a.workload, batch_size=a.batch_size, instruction=a.instruction,
-                                    model=a.model, order=a.order, seed=a.seed, chunking=_chunking(a),
-                                    encoding=a.encoding_format)
+    reqs = _requests(a, ds)
     n_items = sum(r.items for r in reqs)
     print(f"data: {ds.source}, {len(ds.samples)} queries, {len(reqs)} {a.workload} requests "
           f"({_order_label(a)}), {n_items} items", file=sys.stderr)
     return ds, reqs
 
 
+def _requests(a, ds: datasets.Dataset) -> list[workloads.Request]:
+    return workloads.build_requests(ds, a.workload, batch_size=a.batch_size, instruction=a.instruction,
+                                    model=a.model, order=a.order, seed=a.seed, chunking=_chunking(a),
+                                    encoding=a.encoding_format)
+
+
+def _warmups(a, ds: datasets.Dataset) -> tuple[workloads.Request, ...]:
+    """The warm-up's requests: the workload built from the marked data set (workloads.warmup_dataset)."""
+    pool = _requests(a, workloads.warmup_dataset(ds))[: a.warmup] if a.warmup else []
+    return tuple(pool[i % len(pool)] for i in range(a.warmup)) if pool else ()
+
+
 def _chunking(a) -> documents.Chunking:
     return documents.Chunking(doc_words=a.doc_words, chunk_words=a.chunk_words)
 
 
-def _run_config(a, url: str) -> RunConfig:
+def _run_config(a, url: str, ds: datasets.Dataset) -> RunConfig:
     return RunConfig(url=url, concurrency=a.concurrency, requests=a.requests, duration=a.duration,
                      warmup=a.warmup, timeout=a.timeout, progress=not a.quiet, api_key=a.api_key,
-                     warmup_continues=a.warmup_continues)
+                     warmup_continues=a.warmup_continues, warmup_requests=_warmups(a, ds))
 
 
 def _order_label(a) -> str:
@@ -237,7 +248,7 @@ def cmd_run(a) -> int:
 
     client.probe(a.url)  # a dead URL fails here, not as a run of connection errors
     ds, reqs = _load(a)
-    res = client.run(reqs, _run_config(a, a.url))
+    res = client.run(reqs, _run_config(a, a.url, ds))
     s = report.summarize(res, name=a.name or a.url, meta=_meta(a, ds, url=a.url))
     for line in report.repeat_warnings([s]):
         _warn(line)
@@ -259,7 +270,7 @@ def cmd_compare(a) -> int:
     ds, reqs = _load(a)
     log_dir = Path(a.out) if a.out else Path(".")
     results = compare.run_targets(
-        targets, reqs, _run_config(a, "http://127.0.0.1"), model_id=a.model_id, server_cmd=a.server_cmd,
+        targets, reqs, _run_config(a, "http://127.0.0.1", ds), model_id=a.model_id, server_cmd=a.server_cmd,
         log_dir=log_dir, startup_timeout=a.startup_timeout, ports=a.ports, alternate=a.alternate,
     )
     runs = {"alternate": True} if a.alternate else {}

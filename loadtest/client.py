@@ -1,10 +1,12 @@
 """Closed-loop async HTTP load generator: `concurrency` workers, each sends its next request as soon
 as the previous one answers, until `requests` are sent or `duration` seconds pass.
 
-The warm-up sends the list's first `warmup` requests one at a time, unmeasured. The measured run
-then starts over at the first request, or with `warmup_continues` cycles over the rest of the list
-only, so no warm-up request is sent twice (a repeat would read its whole text from a prefix cache
-and inflate the hit figures; see `measured_requests`).
+The warm-up sends `warmup` requests one at a time, unmeasured, none of which the measured run
+sends: `RunConfig.warmup_requests` (the CLI builds them from the data set with every text marked,
+workloads.warmup_dataset), or else the list's first ones with their texts marked
+(workloads.marked). A replayed request would be read whole from a prefix cache and inflate the
+server's figures. The measured run starts at the first request, or with `warmup_continues` at the
+one after the warm-up's count (see `measured_requests`).
 Only successful answers (HTTP 200 with one result per input item) enter the latency sample;
 everything else is counted by status ("429", "500", "connection", "timeout", "bad-response").
 /metrics is scraped after the warm-up and after the run so the server-side deltas cover exactly the
@@ -29,7 +31,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from loadtest import scrape
-from loadtest.workloads import Request, expected_count
+from loadtest.workloads import Request, expected_count, marked
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,7 @@ class RunConfig:
     api_key: str | None = None
     metrics_urls: tuple[str, ...] = ()  # servers whose /metrics deltas add up (a router's replicas); () = url
     warmup_continues: bool = False  # the measured run cycles over the requests after the warm-up's
+    warmup_requests: tuple[Request, ...] = ()  # what the warm-up sends (cycled); () = the list's first, marked
 
 
 @dataclass
@@ -87,6 +90,12 @@ def _answer_ok(resp: httpx.Response, req: Request) -> bool:
     if req.body.get("encoding_format") == "base64":
         return all(isinstance(d, dict) and isinstance(d.get("embedding"), str) for d in data)
     return True
+
+
+def warmup_requests(requests: list[Request], cfg: RunConfig) -> list[Request]:
+    """The `cfg.warmup` requests the warm-up sends: none of them is a measured request."""
+    pool = list(cfg.warmup_requests) or [marked(r) for r in requests[: cfg.warmup]]
+    return [pool[i % len(pool)] for i in range(cfg.warmup)] if pool else []
 
 
 def measured_requests(requests: list[Request], cfg: RunConfig) -> list[Request]:
@@ -239,8 +248,8 @@ async def run_async(requests: list[Request], cfg: RunConfig) -> RunResult:
     res = RunResult(distinct=len(measured))
     pool = httpx.Limits(max_connections=cfg.concurrency, max_keepalive_connections=cfg.concurrency)
     async with httpx.AsyncClient(timeout=cfg.timeout, limits=pool, headers=headers) as client:
-        for i in range(cfg.warmup):  # answers not checked: whatever they are, they are not measured
-            await send(client, url, requests[i % len(requests)])
+        for req in warmup_requests(requests, cfg):  # answers not checked: they are not measured
+            await send(client, url, req)
         metrics_urls = cfg.metrics_urls or (url,)
         before = [await scrape_metrics(client, u) for u in metrics_urls]
         progress = Progress(cfg.progress, total=limit, duration=cfg.duration)

@@ -41,6 +41,11 @@ Orders (`Order`, parsed from `grouped | shuffled | interleave:K`):
   For `embed-chunks` a "query" is a document: its chunk requests stay in order within each user.
 Every order is deterministic and carries every item exactly once; the client cycles through it.
 
+Warm-up requests (`warmup_dataset`, `marked`) carry text no measured request starts with: every
+query and passage of the warm-up's data begins with `WARMUP_MARK`, so the warm-up shares only
+what measured requests share with each other (a template, an instruction, a prompt) and a prefix
+cache can never answer a measured request, whole or in part, from what the warm-up sent.
+
 `encoding="base64"` asks /v1/embeddings for base64 vectors (`encoding_format`, the OpenAI field):
 a quarter of the float JSON's bytes and one string per item to parse, so a fast server's answers do
 not make the client the bottleneck. Other routes have no such field and keep their float answers.
@@ -48,7 +53,7 @@ not make the client the bottleneck. Other routes have no such field and keep the
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from loadtest.datasets import Dataset
@@ -268,6 +273,29 @@ def build_requests(
     if order.mode == "shuffled":
         random.Random(seed).shuffle(reqs)
     return reqs
+
+
+WARMUP_MARK = "warm-up:"  # the first word of every warm-up query and passage
+
+
+def warmup_dataset(dataset: Dataset) -> Dataset:
+    """The dataset with every query and passage marked: the same workload built from it gives
+    warm-up requests of the measured ones' shape that share none of their own text."""
+    samples = tuple(replace(s, query=f"{WARMUP_MARK} {s.query}", passages=tuple(f"{WARMUP_MARK} {p}" for p in s.passages))
+                    for s in dataset.samples)
+    return Dataset(source=dataset.source, samples=samples)
+
+
+def marked(req: Request) -> Request:
+    """`req` with `WARMUP_MARK` in front of each of its texts (for a request list without its dataset)."""
+    body = dict(req.body)
+    for key in ("query", "texts", "input", "inputs", "documents"):
+        value = body.get(key)
+        if isinstance(value, str):
+            body[key] = f"{WARMUP_MARK} {value}"
+        elif isinstance(value, list):
+            body[key] = [f"{WARMUP_MARK} {v}" if isinstance(v, str) else v for v in value]
+    return Request(req.route, body, req.items)
 
 
 def expected_count(body: dict) -> int:

@@ -57,7 +57,7 @@ class ServerThread:
     ``header_timeout_s``) on that HTTP stack; None: uvicorn's defaults.
     """
 
-    def __init__(self, app, *, port: int | None = None, startup_timeout: float = 60.0, stack: str | None = None,
+    def __init__(self, app, *, port: int | None = None, startup_timeout: float = 600.0, stack: str | None = None,
                  header_timeout_s: float = 10.0) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"

@@ -150,18 +150,38 @@ def test_progress_on_a_terminal_and_in_a_log():
     p = Progress(10, stream=log, tty=False, clock=lambda: now[0])
     p.begin()
     now[0] = 2.0
-    p.update(Snapshot(done=4, failed=1, tokens=800, ratio=0.5))
+    p.update(Snapshot(done=4, failed=1, tokens=800, ratio=0.5))  # the first answers: no rate yet
     p.update(Snapshot(done=5, failed=1, tokens=900, ratio=0.5))  # within the log interval: not written
     now[0] = 4.0
     p.update(Snapshot(done=8, failed=1, tokens=1600, ratio=0.25), final=True)
     lines = log.getvalue().splitlines()
     assert len(lines) == 2 and "\r" not in log.getvalue()
     assert lines[0].startswith("batch: 4/10 lines") and "2.0 lines/s" in lines[0] and "400 tokens/s" in lines[0]
-    assert "ETA 0:03" in lines[0] and "N'/N 0.500" in lines[0] and "failed 1" in lines[0]
+    assert "ETA -" in lines[0] and "N'/N 0.500" in lines[0] and "failed 1" in lines[0]
+    assert "ETA 0:01" in lines[1]  # 4 lines in 2 s since the first answer: 2 left take 1 s
     term = io.StringIO()
     t = Progress(None, stream=term, tty=True, clock=lambda: now[0])
     t.update(Snapshot(done=1, failed=0, tokens=1, ratio=1.0))
     assert term.getvalue().startswith("\r") and "ETA" not in term.getvalue()
+
+
+def test_the_eta_after_the_first_window_is_the_time_left():
+    """A job whose first answer waits 30 s for the first batch (forming, tokenizing, running), then
+    answers 64-line batches every 2 s: once the first window (256 lines) is written, the ETA is
+    the time the rest really takes, within one batch's time (oracle: the simulated schedule)."""
+    total, batch, every, fill, window = 2048, 64, 2.0, 30.0, 256
+    now = [0.0]
+    p = Progress(total, stream=io.StringIO(), tty=False, clock=lambda: now[0])
+    p.begin()
+    done = 0
+    while done < window:  # the first window's batches
+        now[0] = fill + every * (done // batch)
+        for _ in range(batch):
+            done += 1
+            p.update(Snapshot(done=done, failed=0, tokens=0, ratio=1.0))
+    finish = fill + every * (total // batch - 1)  # when the last batch is answered
+    left = p.eta(done)
+    assert left is not None and abs(left - (finish - now[0])) <= every, (left, finish - now[0])
 
 
 def test_docs_list_every_flag_of_the_command():

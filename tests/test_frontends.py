@@ -82,7 +82,7 @@ def _running(pid: int) -> bool:
     return state != "Z"
 
 
-def _wait_gone(pids: list[int], timeout: float = 120.0) -> None:
+def _wait_gone(pids: list[int], timeout: float = 600.0) -> None:
     deadline = time.monotonic() + timeout  # catches a hang only
     while any(_running(p) for p in pids):
         assert time.monotonic() < deadline, f"front ends still running: {pids}"

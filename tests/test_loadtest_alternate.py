@@ -28,7 +28,7 @@ def two_servers():
         th.start()
         servers.append(srv), threads.append(th), urls.append(f"http://127.0.0.1:{port}")
     for url in urls:
-        client.wait_healthy(url, timeout=20)
+        client.wait_healthy(url, timeout=600)
     yield urls, arrivals
     for srv in servers:
         srv.should_exit = True
@@ -51,8 +51,9 @@ def test_targets_take_turns_on_the_same_requests(two_servers):
     res_a, res_b = alternate.run(reqs, client.RunConfig(url="", concurrency=1, requests=n, warmup=warmup,
                                                         progress=False), urls)
     log = arrivals[start:]
-    # the warm-up sends the list's first requests; the measured rounds start again from its head
-    inputs = [tuple(reqs[i].body["inputs"]) for i in [*range(warmup), *range(n)]]
+    # the warm-up sends the list's first requests, marked; the measured rounds start from its head
+    inputs = [tuple(workloads.marked(reqs[i]).body["inputs"]) for i in range(warmup)]
+    inputs += [tuple(reqs[i].body["inputs"]) for i in range(n)]
     # Round i sends request i to both targets, the first target rotating: a b, b a, a b, ...
     want = [(("a", "b") if i % 2 == 0 else ("b", "a"))[k] for i in range(warmup + n) for k in range(2)]
     assert [name for name, _ in log] == want
@@ -64,6 +65,7 @@ def test_targets_take_turns_on_the_same_requests(two_servers):
         assert res.completions_s[-1] == pytest.approx(res.wall_s)
         # /metrics deltas cover exactly the measured requests (the warm-up round is excluded)
         assert res.metrics.tokens_original == sum(len(t.split()) + 1 for x in inputs[warmup:] for t in x)
+    assert not set(inputs[:warmup]) & set(inputs[warmup:])  # no measured request was warmed up
 
 
 def test_duration_bound_finishes_rounds_and_a_dead_target_only_fails_itself(two_servers):
@@ -110,7 +112,7 @@ def test_alternate_against_two_real_servers(tiny_embedding_dir, tmp_path):
     reqs = _requests()
     cfg = client.RunConfig(url="", concurrency=1, requests=6, warmup=1, progress=False)
     (t_off, off), (t_on, on) = compare.run_targets(targets, reqs, cfg, model_id=str(tiny_embedding_dir),
-                                                   log_dir=tmp_path, startup_timeout=120, alternate=True)
+                                                   log_dir=tmp_path, startup_timeout=600, alternate=True)
     assert (t_off.name, t_on.name) == ("off", "on")
     for res in (off, on):
         assert res.ok == 6 and not res.errors, (res.errors, (tmp_path / "server-on.log").read_text()[-2000:])

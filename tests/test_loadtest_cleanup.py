@@ -63,8 +63,11 @@ def test_delta_without_created_series():
     assert scrape.delta(after, before).tokens_original is None
 
 
+SAFETY_S = 600  # a bound on waits for a process event: catches a hang only (a busy box takes minutes)
+
+
 def _sleeper_argv(pid_file: Path) -> list[str]:
-    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(3600)"
     return [sys.executable, "-c", code]
 
 
@@ -76,8 +79,8 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
-def _wait_for(path: Path, timeout: float = 30.0) -> int:
-    deadline = time.monotonic() + timeout
+def _wait_for(path: Path, timeout: float = 600.0) -> int:
+    deadline = time.monotonic() + timeout  # catches a hang only: the file appearing is the event
     while time.monotonic() < deadline:
         if path.exists() and path.read_text().strip():
             return int(path.read_text())
@@ -111,7 +114,8 @@ def test_managed_server_stopped_when_the_run_fails(tmp_path, monkeypatch):
 
 def test_managed_server_that_exits_early_is_an_error(tmp_path):
     argv = [sys.executable, "-c", "print('boom'); raise SystemExit(3)"]
-    srv = compare.ManagedServer(argv, port=compare.free_port(), log_path=tmp_path / "s.log", startup_timeout=30)
+    # it exits first: that ends the wait (the bound catches a hang only)
+    srv = compare.ManagedServer(argv, port=compare.free_port(), log_path=tmp_path / "s.log", startup_timeout=SAFETY_S)
     with pytest.raises(RuntimeError, match="boom"):
         srv.__enter__()
     assert srv.proc.returncode == 3
@@ -126,18 +130,18 @@ def test_managed_server_that_exits_early_is_an_error(tmp_path):
 def test_compare_stops_its_server_when_signalled(tmp_path, sig):
     """`radixserve-loadtest compare` killed by SIGTERM or Ctrl-C leaves no server behind."""
     pid_file = tmp_path / "pid"
-    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    code = f"import os, time; open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(3600)"
     server_cmd = f"{sys.executable} -c {code!r}"
     argv = [sys.executable, "-m", "loadtest.cli", "compare", "--model-id", str(tmp_path), "--server", "a:",
-            "--server-cmd", server_cmd, "--source", "synthetic", "--queries", "2", "--startup-timeout", "60",
+            "--server-cmd", server_cmd, "--source", "synthetic", "--queries", "2", "--startup-timeout", "3600",
             "--no-progress", "--out", str(tmp_path / "out")]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     server_pid = None
     try:
         server_pid = _wait_for(pid_file)
         proc.send_signal(sig)
-        proc.wait(timeout=40)
-        deadline = time.monotonic() + 10
+        proc.wait(timeout=SAFETY_S)  # compare exiting is the event; the bound catches a hang only
+        deadline = time.monotonic() + SAFETY_S
         while _alive(server_pid) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert not _alive(server_pid), "the started server outlived compare"
@@ -145,7 +149,7 @@ def test_compare_stops_its_server_when_signalled(tmp_path, sig):
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.wait(timeout=10)
+            proc.wait(timeout=SAFETY_S)
         if server_pid is not None and _alive(server_pid):
             os.kill(server_pid, signal.SIGKILL)
 

@@ -89,7 +89,7 @@ def fake_server():
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     url = f"http://127.0.0.1:{port}"
-    client.wait_healthy(url, timeout=20)
+    client.wait_healthy(url, timeout=600)
     yield url, app
     server.should_exit = True
     thread.join(timeout=10)
@@ -121,6 +121,34 @@ def test_run_against_fake_server(fake_server):
     assert res.metrics.mean_ratio == pytest.approx(sum(c / o for _, o, c in measured) / len(measured))
 
 
+def _texts(req: workloads.Request) -> list[str]:
+    body = req.body
+    for key in ("texts", "input", "inputs"):
+        if key in body:
+            items = body[key] if isinstance(body[key], list) else [body[key]]
+            return [(body["query"] + "\n" if "query" in body else "") + t for t in items]
+    raise AssertionError(body)
+
+
+@pytest.mark.parametrize("workload", workloads.WORKLOADS)
+def test_the_warmup_shares_with_measured_requests_only_what_they_share_with_each_other(workload):
+    """The CLI's warm-up (built from the marked data set): each warm-up text is the marker after a
+    part every measured text of the workload may share (a template, an instruction, a prompt); no
+    measured text holds the marker, so a prefix cache can answer nothing measured from the warm-up."""
+    a = cli.build_parser().parse_args(["compare", "--target", "x=http://127.0.0.1:9", "--workload", workload,
+                                       "--source", "synthetic", "--queries", "6", "--warmup", "3"])
+    ds = cli._dataset(a)
+    measured, warm = cli._requests(a, ds), cli._warmups(a, ds)
+    assert len(warm) == 3
+    mtexts = [t for r in measured for t in _texts(r)]
+    assert not any(workloads.WARMUP_MARK in t for t in mtexts)
+    for r in warm:
+        for t in _texts(r):
+            head = t[: t.index(workloads.WARMUP_MARK)]
+            assert any(m.startswith(head) for m in mtexts), (workload, head[-80:])
+            assert not any(m.startswith(t[: len(head) + len(workloads.WARMUP_MARK)]) for m in mtexts)
+
+
 def test_warmup_continues_sends_no_warmup_request_twice():
     """With warmup_continues the measured run cycles over the requests after the warm-up's: the
     server sees the warm-up's requests once, first, and the measured ones from the rest of the list;
@@ -135,14 +163,14 @@ def test_warmup_continues_sends_no_warmup_request_twice():
     thread.start()
     url = f"http://127.0.0.1:{port}"
     try:
-        client.wait_healthy(url, timeout=20)
+        client.wait_healthy(url, timeout=600)
         reqs = [workloads.Request("/embed", {"inputs": [f"text {i}", f"more {i}"]}, 2) for i in range(6)]
         warmup, n = 2, 7  # 7 measured requests over the 4 after the warm-up: one pass and 3 repeats
         cfg = client.RunConfig(url=url, concurrency=2, requests=n, warmup=warmup, progress=False,
                                warmup_continues=True)
         res = client.run(reqs, cfg)
         texts = [t for _, t in arrivals]
-        assert texts[:warmup] == [tuple(r.body["inputs"]) for r in reqs[:warmup]]
+        assert texts[:warmup] == [tuple(workloads.marked(r).body["inputs"]) for r in reqs[:warmup]]
         rest = reqs[warmup:]
         want = sorted(tuple(rest[i % len(rest)].body["inputs"]) for i in range(n))
         assert sorted(texts[warmup:]) == want
@@ -152,12 +180,14 @@ def test_warmup_continues_sends_no_warmup_request_twice():
         # Without it the measured run starts over at the list's first request.
         arrivals.clear()
         client.run(reqs, client.RunConfig(url=url, concurrency=1, requests=3, warmup=warmup, progress=False))
-        assert [t for _, t in arrivals] == [tuple(r.body["inputs"]) for r in reqs[:warmup] + reqs[:3]]
+        assert [t for _, t in arrivals] == [tuple(r.body["inputs"]) for r in
+                                            [workloads.marked(x) for x in reqs[:warmup]] + reqs[:3]]
         with pytest.raises(ValueError, match="none is left"):
             client.run(reqs, client.RunConfig(url=url, requests=1, warmup=6, progress=False, warmup_continues=True))
         a = cli.build_parser().parse_args(["run", "--url", url, "--warmup", "3", "--warmup-continues"])
-        assert cli._run_config(a, url).warmup_continues and not cli._run_config(
-            cli.build_parser().parse_args(["run", "--url", url]), url).warmup_continues
+        ds = datasets.synthetic(2)
+        assert cli._run_config(a, url, ds).warmup_continues and not cli._run_config(
+            cli.build_parser().parse_args(["run", "--url", url]), url, ds).warmup_continues
     finally:
         server.should_exit = True
         thread.join(timeout=10)
@@ -230,7 +260,7 @@ def test_compare_real_radixserve(tiny_reranker_dir, tmp_path):
     targets = [compare.parse_server("compact: --radix-mlp-threshold 1 --max-batch-tokens 4096")]
     cfg = client.RunConfig(url="http://127.0.0.1", concurrency=2, requests=n, warmup=1, progress=False)
     [(t, res)] = compare.run_targets(targets, reqs, cfg, model_id=str(tiny_reranker_dir), log_dir=tmp_path,
-                                     startup_timeout=120)
+                                     startup_timeout=600)
     log = (tmp_path / "server-compact.log").read_text()
     assert res.ok == n and not res.errors, (res.errors, log[-2000:])
     template = prompts.RerankTemplate(Tokenizer.from_file(str(Path(tiny_reranker_dir) / "tokenizer.json")))

@@ -62,7 +62,7 @@ class Replica:
         except httpx.TransportError:
             return False
 
-    def wait_healthy(self, timeout: float = 90) -> None:
+    def wait_healthy(self, timeout: float = 600) -> None:
         deadline = time.monotonic() + timeout
         while not self.healthy():
             assert self.proc.poll() is None, self.log_path.read_text()[-3000:]
@@ -78,7 +78,7 @@ class Replica:
     def kill(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=600)
 
 
 class Router:
@@ -106,7 +106,7 @@ class Router:
         rows = csv.DictReader(io.StringIO(text.lstrip("# ")))
         return {row["svname"]: row for row in rows if row["pxname"] == "radixserve"}
 
-    def wait_status(self, want: dict[str, str], timeout: float = 20) -> None:
+    def wait_status(self, want: dict[str, str], timeout: float = 600) -> None:
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -122,7 +122,7 @@ class Router:
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
-            self.proc.wait(timeout=10)
+            self.proc.wait(timeout=600)
         self.log.close()
 
 

@@ -113,7 +113,7 @@ def run_async(runner, coro_fn, **kw):
 
     async def main():
         try:
-            return await asyncio.wait_for(coro_fn(sched), timeout=20)
+            return await asyncio.wait_for(coro_fn(sched), timeout=600)  # a hang only
         finally:
             if isinstance(runner, FakeRunner):
                 runner.gate.set()
@@ -122,7 +122,7 @@ def run_async(runner, coro_fn, **kw):
     return sched, asyncio.run(main())
 
 
-async def until(pred, timeout=5.0):
+async def until(pred, timeout=600.0):  # the condition is the event; the bound a hang
     deadline = time.monotonic() + timeout
     while not pred():
         assert time.monotonic() < deadline, "condition not reached in time"

@@ -145,6 +145,6 @@ def test_process_under_an_address_space_limit_survives_hostile_bodies(tiny_embed
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=60)
+            proc.wait(timeout=600)
         except subprocess.TimeoutExpired:
             proc.kill()

@@ -104,7 +104,7 @@ def test_client_disconnect_mid_queue(base, tiny_embedding_dir):
         patient, gone = asyncio.run(main())
         assert all(r.status_code == 200 and len(r.json()) == 1 for r in patient)
         assert "gone" in gone
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 600  # catches a hang only
         while srv_permits(srv) and time.monotonic() < deadline:
             time.sleep(0.05)
         assert srv_permits(srv) == 0

@@ -42,7 +42,7 @@ class Running:
 
     def __enter__(self) -> "Running":
         self.thread.start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 600  # catches a hang only
         while not self.server.started:
             assert self.thread.is_alive() and time.monotonic() < deadline
             time.sleep(0.02)

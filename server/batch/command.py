@@ -7,7 +7,9 @@ vLLM's ``run-batch`` flags where they apply (``-i/--input-file``, ``-o/--output-
 ``--model``, ``--served-model-name``); the model and batching flags are the server's own
 (server/config.py), spelled the same. Exit status: 0 when every line succeeded, 1 when any line
 is an error line (this run's or an earlier run's in the same output file), 2 when the job could
-not run (bad flags, an output file that is not a batch job's).
+not run or could not go on (bad flags, a model that does not load, an output that is not a
+regular file or not a batch job's, a read or write that failed), with one line on stderr saying
+why, as the server does. A job that never started leaves no output file behind.
 """
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ from typing import IO, Any
 import orjson
 
 from server.batch.job import Job, Options, Totals
-from server.batch.output import ChunkWriter, NotResumable, Resume, scan
+from server.batch.lines import count_lines
+from server.batch.output import ChunkWriter, Resume, Unrunnable, check_output, scan
 from server.batch.progress import Progress, fmt_duration
 from server.config import ServerConfig, convert, flag_name
 
@@ -89,15 +92,6 @@ def config_values(args: argparse.Namespace) -> dict[str, Any]:
     return values
 
 
-def count_lines(path: str) -> int:
-    """Non-blank lines of a file, read in blocks (the progress total)."""
-    n = 0
-    with open(path, "rb") as f:
-        for raw in f:
-            n += bool(raw.strip())
-    return n
-
-
 def summary(totals: Totals, *, grouping: bool, earlier: Resume) -> dict:
     elapsed = totals.seconds
     return {
@@ -118,13 +112,27 @@ def summary_line(s: dict) -> str:
             f"{s['prefix_cache_hit_tokens']}); x-compute-tokens summed {s['computed_tokens']}")
 
 
-async def run(args: argparse.Namespace, config: ServerConfig, source: IO[bytes], writer: ChunkWriter,
-              resume: Resume, progress: Progress | None, runner: Any = None) -> Totals:
-    from server.batch.inprocess import Engine
+async def run(args: argparse.Namespace, config: ServerConfig, source: IO[bytes], resume: Resume,
+              progress: Progress | None, runner: Any = None) -> Totals:
+    """Start the engine, then open the output (only now: a job that never started leaves no file)."""
+    from server.batch.inprocess import Engine, StartFailed
 
     options = options_of(args, config)
-    async with Engine.build(config, runner) as engine:
-        return await Job(engine, writer, options=options, resume=resume, progress=progress).run(source)
+    try:
+        engine = Engine.build(config, runner)  # loads the model (unless ``runner``)
+    except Exception as exc:  # noqa: BLE001 - any start-up failure is one line and exit 2, as the server's
+        raise Unrunnable(f"could not start: {type(exc).__name__}: {exc}") from None
+    try:
+        async with engine:
+            writer = ChunkWriter(sys.stdout.buffer, sync=False) if args.output_file == "-" \
+                else ChunkWriter.open(args.output_file)
+            try:
+                return await Job(engine, writer, options=options, resume=resume, progress=progress).run(source)
+            finally:
+                if writer.stream is not sys.stdout.buffer:
+                    writer.close()
+    except StartFailed as exc:
+        raise Unrunnable(f"could not start: {exc}") from None
 
 
 def options_of(args: argparse.Namespace, config: ServerConfig) -> Options:
@@ -137,11 +145,12 @@ def run_on_ray(args: argparse.Namespace, config: ServerConfig) -> int:
     from server.batch.ray_data import run_ray
 
     if "-" in (args.input_file, args.output_file):
-        print("radixserve-batch: --ray-actors reads and writes files, not stdin/stdout", file=sys.stderr)
-        return 2
+        raise Unrunnable("--ray-actors reads and writes files, not stdin/stdout")
     done = run_ray(args.input_file, args.output_file, model=args.model, flags=config_values(args),
                    actors=args.ray_actors, options=options_of(args, config))
-    print(f"batch: done on Ray: {done['lines']} lines ({done['failed']} failed)", file=sys.stderr)
+    split = ", ".join(f"{name}: {n}" for name, n in sorted(done["actors"].items()))
+    print(f"batch: done on Ray: {done['lines']} lines ({done['failed']} failed) over {len(done['actors'])} "
+          f"actors in blocks of {done['block']} lines; lines per actor: {split}", file=sys.stderr)
     return 0 if done["failed"] == 0 else 1
 
 
@@ -151,43 +160,50 @@ def main(argv: list[str] | None = None, *, runner: Any = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
                         stream=sys.stderr)
     try:
-        config = config_from(args)
-    except ValueError as exc:
+        return job(args, runner)
+    except Unrunnable as exc:
         print(f"radixserve-batch: {exc}", file=sys.stderr)
         return 2
+
+
+def job(args: argparse.Namespace, runner: Any) -> int:
+    """The whole job; raises Unrunnable for what stops it (main prints the one line, exit 2)."""
+    try:
+        config = config_from(args)
+    except ValueError as exc:
+        raise Unrunnable(str(exc)) from None
+    if args.input_file != "-" and not os.path.isfile(args.input_file):
+        raise Unrunnable(f"no such input file: {args.input_file}")
     if args.ray_actors is not None:
         return run_on_ray(args, config)
     resume = Resume()
     if args.output_file != "-":
-        try:
-            resume = scan(args.output_file)
-        except NotResumable as exc:
-            print(f"radixserve-batch: {exc}", file=sys.stderr)
-            return 2
+        check_output(args.output_file)  # before the model loads: a bad output costs nothing
+        resume = scan(args.output_file)
         if resume.written:
             log.info("resuming %s: %d lines already written (%d failed)%s", args.output_file, resume.written,
                      resume.failed, f"; cut a torn last line of {resume.torn_bytes} bytes" if resume.torn_bytes else "")
     total = None
     if args.input_file != "-":
-        if not os.path.isfile(args.input_file):
-            print(f"radixserve-batch: no such input file: {args.input_file}", file=sys.stderr)
-            return 2
         total = max(0, count_lines(args.input_file) - resume.written)
     progress = None if args.no_progress else Progress(total)
-    source = sys.stdin.buffer if args.input_file == "-" else open(args.input_file, "rb")
-    writer = ChunkWriter(sys.stdout.buffer, sync=False) if args.output_file == "-" else ChunkWriter.open(args.output_file)
     try:
-        totals = asyncio.run(run(args, config, source, writer, resume, progress, runner))
+        source = sys.stdin.buffer if args.input_file == "-" else open(args.input_file, "rb")
+    except OSError as exc:
+        raise Unrunnable(f"{args.input_file}: cannot read the input: {exc.strerror}") from None
+    try:
+        totals = asyncio.run(run(args, config, source, resume, progress, runner))
     finally:
         if source is not sys.stdin.buffer:
             source.close()
-        if writer.stream is not sys.stdout.buffer:
-            writer.close()
     s = summary(totals, grouping=not args.no_grouping, earlier=resume)
     print(summary_line(s), file=sys.stderr)
     if args.report:
-        with open(args.report, "wb") as f:
-            f.write(orjson.dumps(s, option=orjson.OPT_INDENT_2) + b"\n")
+        try:
+            with open(args.report, "wb") as f:
+                f.write(orjson.dumps(s, option=orjson.OPT_INDENT_2) + b"\n")
+        except OSError as exc:
+            raise Unrunnable(f"{args.report}: cannot write the report: {exc.strerror}") from None
     return 0 if totals.failed == 0 and resume.failed == 0 else 1
 
 

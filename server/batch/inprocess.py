@@ -7,18 +7,36 @@ on a running server, so a line's answer is the server's answer for the same body
 does with HTTP (a socket, the HTTP parser, connection limits) is simply never used.
 
 ``async with Engine.build(config) as engine:`` runs the app's lifespan: the scheduler starts (and
-warms up) on entry and is drained on exit.
+warms up) on entry and is drained on exit. A failure on entry is ``StartFailed`` (the job reports
+it in one line and exits 2). The app's start-up line names the address a server listens on;
+offline nothing listens, so while the engine starts that line ends with where it runs instead.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 from server.batch.lines import Request
 from server.config import ServerConfig
 from server.service.contract import ServedRunner
+
+
+class StartFailed(RuntimeError):
+    """The engine did not start (its cause: the scheduler's, the warm-up's or the app's error)."""
+
+
+class OfflineStartupLine(logging.Filter):
+    """Rewrites the app's "radixserve serving ... on HOST:PORT" line: a batch job listens nowhere."""
+
+    PREFIX = "radixserve serving "
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and record.msg.startswith(self.PREFIX) and not record.args:
+            record.msg = record.msg.rsplit(" on ", 1)[0] + " in-process (batch job: nothing listens)"
+        return True
 
 
 @dataclass(frozen=True)
@@ -61,7 +79,14 @@ class Engine:
 
     async def __aenter__(self) -> "Engine":
         self._lifespan = self.app.router.lifespan_context(self.app)
-        await self._lifespan.__aenter__()
+        app_log, rewrite = logging.getLogger("radixserve.server"), OfflineStartupLine()
+        app_log.addFilter(rewrite)
+        try:
+            await self._lifespan.__aenter__()
+        except Exception as exc:  # noqa: BLE001 - whatever stops the start, the job reports it
+            raise StartFailed(f"{type(exc).__name__}: {exc}") from exc
+        finally:
+            app_log.removeFilter(rewrite)
         return self
 
     async def __aexit__(self, *exc: Any) -> None:

@@ -10,7 +10,8 @@ all (bad JSON, no custom_id, a repeated custom_id, over the size limit) answers 
 ``response.body`` null and ``error.line``, its 1-based line number in the input.
 
 Invariants: reading is bounded per line (``max_bytes``: a longer line is skipped to its end
-without being held); a bad line never stops the reader.
+without being held, in blocks of at most ``SKIP_BYTES``); a bad line never stops the reader; a
+read that fails (an I/O error) stops the job with one line (``Unrunnable``), never a traceback.
 """
 from __future__ import annotations
 
@@ -19,6 +20,10 @@ from dataclasses import dataclass
 from typing import IO, Any, Iterator
 
 import orjson
+
+from server.batch.output import Unrunnable
+
+SKIP_BYTES = 1 << 20  # block read while skipping an over-long line (and while counting lines)
 
 
 @dataclass(frozen=True)
@@ -44,24 +49,46 @@ class Invalid:
 Line = Request | Invalid
 
 
-def read_lines(stream: IO[bytes], *, max_bytes: int) -> Iterator[tuple[int, bytes | None]]:
+def read_lines(stream: IO[bytes], *, max_bytes: int, name: str = "the input") -> Iterator[tuple[int, bytes | None]]:
     """(1-based line number, stripped bytes) of each non-blank line; None for a line over ``max_bytes``."""
     number = 0
-    while True:
-        raw = stream.readline(max_bytes + 1)
-        if not raw:
-            return
-        number += 1
-        if len(raw) > max_bytes and not raw.endswith(b"\n"):
-            while True:  # skip the rest of the over-long line without keeping it
-                rest = stream.readline(1 << 20)
-                if not rest or rest.endswith(b"\n"):
-                    break
-            yield number, None
-            continue
-        text = raw.strip()
-        if text:
-            yield number, text
+    try:
+        while True:
+            raw = stream.readline(max_bytes + 1)
+            if not raw:
+                return
+            number += 1
+            if len(raw) > max_bytes and not raw.endswith(b"\n"):
+                while True:  # skip the rest of the over-long line without keeping it
+                    rest = stream.readline(SKIP_BYTES)
+                    if not rest or rest.endswith(b"\n"):
+                        break
+                yield number, None
+                continue
+            text = raw.strip()
+            if text:
+                yield number, text
+    except OSError as exc:
+        raise Unrunnable(f"{name}: reading line {number + 1} failed: {exc.strerror or exc}") from None
+
+
+def count_lines(path: str) -> int:
+    """Non-blank lines of a file, read in blocks of ``SKIP_BYTES`` (however long a line is)."""
+    n = 0
+    blank = True  # the line read so far is only whitespace
+    try:
+        with open(path, "rb") as f:
+            while block := f.read(SKIP_BYTES):
+                parts = block.split(b"\n")
+                for part in parts[:-1]:  # each ends a line
+                    if not (blank and not part.strip()):
+                        n += 1
+                    blank = True
+                if parts[-1].strip():
+                    blank = False
+    except OSError as exc:
+        raise Unrunnable(f"{path}: cannot read the input: {exc.strerror or exc}") from None
+    return n + (not blank)
 
 
 def parse_line(number: int, raw: bytes | None, *, max_bytes: int) -> Line:
