@@ -194,6 +194,16 @@ def test_info_table_is_what_info_answers(app):
     assert set(documented) == set(r.json()), "docs/api.md's /info table and GET /info disagree"
 
 
+def test_failure_err_values_are_the_codes():
+    """te_request_failure's documented `err` values are every label the code counts, and no other."""
+    from server.http.errors import FAILURE_LABELS
+
+    (row,) = [row for row in table("Metrics") if code_spans(row[0]) == ["te_request_failure"]]
+    documented = code_spans(row[3])
+    assert len(documented) == len(set(documented)), documented
+    assert set(documented) == FAILURE_LABELS, "docs/api.md's te_request_failure err values and the code's differ"
+
+
 def test_metrics_table_is_what_metrics_exposes(app):
     r = get(app, "/metrics")
     assert r.status_code == 200, r.text
