@@ -173,9 +173,10 @@ def include_routers(app: FastAPI, routers: list[APIRouter]) -> None:
     for router in routers:
         kept = []
         for route in router.routes:
-            keys = {(route.path, m) for m in getattr(route, "methods", ())}
+            path = getattr(route, "path", "")
+            keys = {(path, m) for m in getattr(route, "methods", ())}
             if keys & taken:
-                log.info("--url-prefix: %s answers in Infinity's shape", route.path)
+                log.info("--url-prefix: %s answers in Infinity's shape", path)
                 continue
             taken |= keys
             kept.append(route)

@@ -73,7 +73,7 @@ def help_flags(monkeypatch) -> set[str]:
         m = re.match(r"^  (-\S.*?)(?:\s{2,}|$)", line)  # "  -p PORT, --port PORT   listen port"
         if m:
             flags |= {part.split()[0] for part in m.group(1).split(", ")}
-    return flags - {"-h", "--help"}
+    return flags - {"-h", "--help", "--version"}  # argparse's own; --version is in the prose
 
 
 def rendered_default(f: dataclasses.Field) -> str | None:
