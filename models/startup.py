@@ -1,12 +1,21 @@
 """Launch to healthy, stage by stage: what each part of start-up took (the log and /info's ``startup``).
 
-Stages, in the order they run: import (process start to the model code loaded), config (checkpoint
+Stages, in the order they run: import (program start to the model code loaded), config (checkpoint
 resolved, config, tokenizer, attention paths), weights (model built without initialisation, the
 checkpoint read into it), kernel choices (CPU linear and attention kernels), cache allocation (the
 prefix cache), app (routes, sockets), freeze (start-up objects out of the collector's reach),
 warm-up (the serving path once, on the worker thread). ``total`` is process start to the end of
 the warm-up, when the server turns healthy: the stages sum to at most it (what runs between them,
 e.g. uvicorn's start, is in the total only).
+
+The program's start is the process's (Linux /proc), unless the process ran another program first
+and then exec'd radixserve: a shell whose last command is radixserve does so (``sh -c 'pip install
+... && radixserve ...'``), and its earlier commands are not radixserve's start-up. Linux keeps no
+exec time, so such a start is recognised by what the shell left behind, children it waited for
+(their CPU time and page faults, counted in /proc/self/stat's c* fields, which a Python
+interpreter that has started no child leaves at zero), and is then taken as the CPU time the
+process had used when radixserve's command line began: a lower bound on the time since the exec
+(the shell's own CPU time before it is a few milliseconds).
 """
 from __future__ import annotations
 
@@ -22,14 +31,43 @@ STAGES = ("import", "config", "weights", "kernel choices", "cache allocation", "
 def process_age() -> float | None:
     """Seconds since this process started (Linux /proc; an exec keeps the start), or None."""
     try:
-        with open("/proc/self/stat") as f:
-            fields = f.read().rpartition(")")[2].split()
+        fields = _stat()
         start_ticks = int(fields[19])  # field 22 of stat(5), counted after "pid (comm)"
         with open("/proc/uptime") as f:
             uptime = float(f.read().split()[0])
         return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
     except (OSError, ValueError, IndexError):
         return None
+
+
+def _stat() -> list[str]:
+    """/proc/self/stat's fields from field 3 on (after "pid (comm)", which may hold spaces)."""
+    with open("/proc/self/stat") as f:
+        return f.read().rpartition(")")[2].split()
+
+
+def exec_after_waiting() -> bool:
+    """Whether this process reaped children before this call: a shell that ran earlier commands and
+    then exec'd this program (cminflt, cmajflt, cutime, cstime: stat(5) fields 11, 13, 16, 17)."""
+    try:
+        fields = _stat()
+        return any(int(fields[i]) for i in (8, 10, 13, 14))
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+_ENTRY: tuple[float, float | None] | None = None
+
+
+def note_entry() -> None:
+    """Called first thing by the command line (before it starts any child): the program's age then.
+    See the module docstring for a process that was a shell first."""
+    global _ENTRY
+    now = time.perf_counter()
+    age = process_age()
+    if age is not None and exec_after_waiting():
+        age = min(age, time.process_time())
+    _ENTRY = (now, age)
 
 
 class StartupClock:
@@ -43,7 +81,11 @@ class StartupClock:
         self._last = self._began
 
     def since_process_start(self) -> None:
-        """Count from the process's start, not this object's: the interpreter and imports before."""
+        """Count from the program's start, not this object's: the interpreter and imports before
+        (the command line's ``note_entry`` says when the program started; else the process's start)."""
+        if _ENTRY is not None and _ENTRY[1] is not None:
+            self._began = self._last = _ENTRY[0] - _ENTRY[1]
+            return
         age = process_age()
         if age is not None:
             self._began = self._last = time.perf_counter() - age

@@ -18,7 +18,7 @@ import logging
 import os
 from typing import AsyncIterator, Callable
 
-from fastapi import FastAPI
+from fastapi import APIRouter, FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from scheduler.metrics import Metrics
@@ -33,6 +33,7 @@ from server.routes import cohere, infinity, openai, ops, tei, vllm
 from server.service.contract import ServedRunner, ServedScheduler
 from server.service.core import Limits, Service
 from server.service.info import build_info, startup_line, version
+from server.service.model_names import ModelNames
 from server.service.permits import Permits
 
 log = logging.getLogger("radixserve.server")
@@ -117,6 +118,7 @@ def build_service(config: ServerConfig, runner: ServedRunner, scheduler: ServedS
         default_prompt=config.default_prompt,
         tokenization_workers=tokenization_workers(config),
         memory=MemoryBudget.detect(config.memory_limit),
+        model_names=ModelNames.of(served=config.served_names, model_id=config.model_id),
     )
 
 
@@ -164,6 +166,24 @@ def add_middleware(app: FastAPI, config: ServerConfig, lifecycle: Lifecycle, *,
         )
 
 
+def include_routers(app: FastAPI, routers: list[APIRouter]) -> None:
+    """Each router's routes in order; a (path, method) an earlier router serves is left out of a later
+    one, with a log line (Infinity's --url-prefix /v1 takes /v1/rerank and /v1/models)."""
+    taken: set[tuple[str, str]] = set()
+    for router in routers:
+        kept = []
+        for route in router.routes:
+            path = getattr(route, "path", "")
+            keys = {(path, m) for m in getattr(route, "methods", ())}
+            if keys & taken:
+                log.info("--url-prefix: %s answers in Infinity's shape", path)
+                continue
+            taken |= keys
+            kept.append(route)
+        router.routes[:] = kept
+        app.include_router(router)
+
+
 def create_app(config: ServerConfig, runner: ServedRunner | None = None,
                scheduler: ServedScheduler | None = None) -> FastAPI:
     if runner is None:
@@ -193,14 +213,18 @@ def create_app(config: ServerConfig, runner: ServedRunner | None = None,
     install_handlers(app, on_error=on_error)
     info = app.state.info = build_info(config, runner, max_input_length=service.limits.max_input_length,
                                        tokenization_workers=service.tok.workers)
-    app.include_router(tei.build_router(service, model_name=config.model_name))
-    app.include_router(openai.build_router(service, model_name=config.model_name,
-                                           names=(*config.model_names, config.model_id),
-                                           allow_token_ids=config.allow_token_ids))
-    app.include_router(cohere.build_router(service, model_name=config.model_name))
-    app.include_router(infinity.build_router(service, model_name=config.model_name))
-    app.include_router(vllm.build_router(service, model_name=config.model_name))
-    app.include_router(ops.build_router(service, info=info))
+    prefix = config.url_prefix  # Infinity's: its routes at the prefix take precedence (server/routes/infinity.py)
+    embeddings_at = tuple(f"{at}/embeddings" for at in infinity.routes_at(prefix) if at != "/v1")
+    include_routers(app, [
+        infinity.build_router(service, model_name=config.model_name, batch_size=config.max_batch_requests or config.max_batch_tokens,
+                              prefix=prefix),
+        tei.build_router(service, model_name=config.model_name, infinity_root=prefix == "/"),
+        openai.build_router(service, model_name=config.model_name, allow_token_ids=config.allow_token_ids,
+                            also_at=embeddings_at),
+        cohere.build_router(service, model_name=config.model_name),
+        vllm.build_router(service, model_name=config.model_name),
+        ops.build_router(service, info=info),
+    ])
     install_docs(app, title="radixserve")
     install_openapi(app, max_items=config.max_client_batch_size, vocab_size=service.tok.vocab_size,
                     hidden_size=runner.hidden_size, prompt_names=tuple(runner.prompts or {}))

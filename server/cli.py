@@ -5,7 +5,10 @@ The parser is generated from ServerConfig's field metadata (server/config.py): o
 environment variable, which beats the default. TEI's flags are fields too, so a TEI launch line
 parses; the ones with no effect here say so at start. vLLM's ``radixserve serve MODEL ...`` and
 Infinity's ``radixserve v2 ...`` lines are translated to ours first (server/launch_lines.py). The
-flags are checked before torch or the model code is imported, so a bad line returns at once.
+flags are checked before torch or the model code is imported, so a bad line returns at once, and
+so is a local checkpoint (its directory, architecture and kind against --model-task:
+models/checkpoint/preflight.py). ``radixserve --version`` prints the version; ``radixserve serve
+--help`` (or ``v2 --help``) prints the help and the flags that dialect's line reads.
 Shutdown: see server/http/lifecycle.py. Exit status: 0 after SIGTERM/SIGINT, 1 when start-up fails,
 2 for bad flags, 70 when the model worker died.
 """
@@ -18,7 +21,7 @@ import os
 import sys
 
 from server.config import ServerConfig, convert, env_values, env_var, field_types, flag_name
-from server.launch_lines import LaunchError, translate
+from server.launch_lines import DIALECTS, LaunchError, translate
 from server.process import freeze_startup_objects, tune_switch_interval
 
 log = logging.getLogger("radixserve.server")
@@ -43,6 +46,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(radixserve v2 --model-id MODEL ...) are read too.",
         allow_abbrev=False,
     )
+    parser.add_argument("--version", action="version", version=f"radixserve {package_version()}")
     types = field_types()
     for f in dataclasses.fields(ServerConfig):
         meta = f.metadata
@@ -64,6 +68,25 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def package_version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("radixserve")
+    except metadata.PackageNotFoundError:
+        return "0.0.0+local"
+
+
+def dialect_help(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """``radixserve serve --help`` / ``v2 --help``: our help, then the flags that line reads; exit 0."""
+    name, table, positional = DIALECTS[argv[0]]
+    parser.print_help()
+    model = "MODEL (or --model)" if positional else "--model-id MODEL"
+    print(f"\n{name}'s launch line, radixserve {argv[0]} {model} ...: reads {', '.join(sorted(table))}, "
+          "translated to the flags above (docs/api.md, \"Command line\"); radixserve's own flags may follow.")
+    parser.exit(0)
+
+
 def _takes_value(parser: argparse.ArgumentParser) -> dict[str, bool | None]:
     """Each option string -> whether it takes a value (None: an optional one, the true|false flags)."""
     return {name: None if action.nargs == "?" else action.nargs != 0
@@ -73,6 +96,9 @@ def _takes_value(parser: argparse.ArgumentParser) -> dict[str, bool | None]:
 def load_config(argv: list[str] | None = None, environ=None) -> tuple[ServerConfig, list[str]]:
     """Defaults < environment < command line; bad values exit with status 2. Returns warnings too."""
     parser = build_parser()
+    given = sys.argv[1:] if argv is None else list(argv)
+    if given and given[0] in DIALECTS and {"-h", "--help"} & set(given[1:given.index("--") if "--" in given else None]):
+        dialect_help(parser, given)
     try:
         argv, notes = translate(sys.argv[1:] if argv is None else list(argv), _takes_value(parser))
     except LaunchError as exc:
@@ -165,7 +191,24 @@ def serve_engine(config: ServerConfig, runner) -> int:
 BATCH_COMMANDS = ("batch", "run-batch")  # `radixserve batch ...` (vLLM: `vllm run-batch ...`)
 
 
+def preflight(config: ServerConfig) -> str | None:
+    """Why the checkpoint cannot be served as asked, read without torch (None: load it). A hub id
+    not in the hub cache yet is checked when it is loaded."""
+    from models.checkpoint.preflight import local_dir, served_kind
+
+    try:
+        model_dir = local_dir(config.model_id, config.revision)
+        if model_dir is not None:
+            config.check_kind(served_kind(model_dir, config.load_kind))
+    except (OSError, ValueError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
+    from models.startup import note_entry
+
+    note_entry()  # this program's start, before any child runs (models/startup.py)
     args = sys.argv[1:] if argv is None else list(argv)
     if args and args[0] in BATCH_COMMANDS:  # an offline job over the same app: server/batch
         from server.batch.command import main as batch_main
@@ -175,14 +218,19 @@ def main(argv: list[str] | None = None) -> int:
     from server.allocator import apply_image_settings
 
     apply_image_settings(reexec=argv is None)  # the images' allocator settings, before torch loads
-    from server.app import create_app, load_runner
-    from server.http import listener, tracing
     from server.http.logs import setup_logging
 
     setup_logging(json_output=config.json_output)
     for note in notes:
         log.warning(note)
     export_hub_settings(config)
+    refusal = preflight(config)  # a checkpoint that cannot serve as asked: refused before torch loads
+    if refusal is not None:
+        log.error("could not start: %s", refusal)
+        return 1
+    from server.app import create_app, load_runner
+    from server.http import listener, tracing
+
     tune_switch_interval()
     from models.startup import begin_process
 

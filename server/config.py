@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import ipaddress
 import os
+import re
 import types
 import typing
 from dataclasses import MISSING, dataclass, field, fields
@@ -27,6 +28,15 @@ DEFAULT_MODEL_ID = "Qwen/Qwen3-Embedding-0.6B"
 
 # Values that mean "no key" to a human. An API key that looks like one of them is refused at start:
 # `--api-key none` must never silently turn authentication off.
+_URL_PREFIX = re.compile(r"/|(/[A-Za-z0-9._~-]+)+")
+
+
+def check_url_prefix(prefix: str | None) -> None:
+    """--url-prefix: / or /segment[/segment...] of URL-safe characters, no trailing slash."""
+    if prefix is not None and not _URL_PREFIX.fullmatch(prefix):
+        raise ValueError(f"--url-prefix {prefix!r}: give / (the root) or a path such as /v1 (no trailing slash)")
+
+
 _NO_KEY = frozenset({"", "none", "null", "nil", "false", "no", "off", "0"})
 
 # vLLM's pooling tasks -> the model kind that serves them here (a reranker's head gives the score).
@@ -106,6 +116,9 @@ class ServerConfig:
     pooling: str | None = option(None, "default: from the checkpoint", choices=POOLINGS)
     default_prompt_name: str | None = option(None, "embedding prompt name (a key of the model's prompts)")
     default_prompt: str | None = option(None, "embedding prompt text prepended to every input")
+    url_prefix: str | None = option(
+        None, "Infinity's --url-prefix: its routes (rerank, models, embeddings) with Infinity's answers at PREFIX/...; "
+              "/ puts them at the root (/rerank answers a documents body as Infinity does); unset: at /infinity")
     allow_token_ids: bool = option(
         False, "accept token ids as /v1/embeddings input, read as this model's tokenizer's ids (off: 422 naming "
                "the fix, since LangChain's OpenAIEmbeddings sends tiktoken's ids by default)")
@@ -179,6 +192,7 @@ class ServerConfig:
                 f"--max-concurrent-requests ({self.max_concurrent_requests}) is smaller than "
                 f"--max-client-batch-size ({self.max_client_batch_size}): a request with that many inputs "
                 "could never be admitted. Raise --max-concurrent-requests or lower --max-client-batch-size")
+        check_url_prefix(self.url_prefix)
         parse_cache_size(self.prefix_cache_size)  # raises on a malformed size (no torch import: flags come first)
 
     @property
@@ -188,9 +202,13 @@ class ServerConfig:
 
     @property
     def model_names(self) -> tuple[str, ...]:
-        """Every name a request's ``model`` may give: the served names (the first is reported), else the model id."""
-        names = tuple(n.strip() for n in (self.served_model_name or "").split(",") if n.strip())
-        return names or (self.model_id,)
+        """The served names (the first is reported), else the model id."""
+        return self.served_names or (self.model_id,)
+
+    @property
+    def served_names(self) -> tuple[str, ...]:
+        """--served-model-name's names; empty when it was not given (then any request ``model`` is served)."""
+        return tuple(n.strip() for n in (self.served_model_name or "").split(",") if n.strip())
 
     def check_kind(self, kind: str) -> None:
         """Refuse a checkpoint whose kind cannot serve ``--model-task`` (known only once it is loaded)."""

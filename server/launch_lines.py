@@ -109,10 +109,7 @@ INFINITY: dict[str, Flag] = {
     "--model-id": Flag("--model-id"),
     "--served-model-name": Flag("--served-model-name"),
     "--batch-size": Flag("--max-batch-requests"),
-    "--url-prefix": Flag(None, note="its routes are served at the root and under /v1 alike", value=_choose("--url-prefix", {"": None, "/": None, "/v1": None},
-                                       "the routes Infinity's clients call are served at the root and under "
-                                       "/v1 (/embeddings, /rerank, /models); Infinity's string-document rerank "
-                                       "answer is at /infinity/rerank")),
+    "--url-prefix": Flag("--url-prefix", lambda text: text.rstrip("/") or "/"),
     "--engine": Flag(None, note="radixserve runs its own PyTorch model", value=_choose("--engine", {"torch": None},
                                    "radixserve runs its own PyTorch model: --engine torch, or leave it out")),
     "--device": Flag("--device", _choose("--device", {"auto": None, "cuda": "cuda", "cpu": "cpu"},
@@ -138,6 +135,9 @@ INFINITY: dict[str, Flag] = {
 }
 
 DIALECTS = {"serve": ("vLLM", VLLM, "--model-id"), "v2": ("Infinity", INFINITY, None)}
+# What a dialect's server does when its line leaves a flag out, where ours differs: Infinity's
+# routes are at the root unless --url-prefix says otherwise.
+DIALECT_DEFAULTS = {"v2": {"--url-prefix": "/"}}
 
 
 BOOL_WORDS = frozenset({"true", "false", "1", "0", "yes", "no", "on", "off"})
@@ -209,6 +209,9 @@ def translate(argv: list[str], ours: dict[str, bool | None]) -> tuple[list[str],
             out += [spec.ours, value]
     if positional and positional not in seen:
         raise LaunchError(f"{name}'s line needs the model: radixserve {argv[0]} MODEL ...")
+    for flag, value in DIALECT_DEFAULTS.get(argv[0], {}).items():
+        if flag not in seen and not any(a.split("=", 1)[0] == flag for a in out):
+            out += [flag, value]
     return out, notes
 
 

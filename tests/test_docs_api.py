@@ -73,7 +73,7 @@ def help_flags(monkeypatch) -> set[str]:
         m = re.match(r"^  (-\S.*?)(?:\s{2,}|$)", line)  # "  -p PORT, --port PORT   listen port"
         if m:
             flags |= {part.split()[0] for part in m.group(1).split(", ")}
-    return flags - {"-h", "--help"}
+    return flags - {"-h", "--help", "--version"}  # argparse's own; --version is in the prose
 
 
 def rendered_default(f: dataclasses.Field) -> str | None:
@@ -192,6 +192,16 @@ def test_info_table_is_what_info_answers(app):
     documented = [code_spans(row[0])[0] for row in table("/info")]
     assert len(documented) == len(set(documented))
     assert set(documented) == set(r.json()), "docs/api.md's /info table and GET /info disagree"
+
+
+def test_failure_err_values_are_the_codes():
+    """te_request_failure's documented `err` values are every label the code counts, and no other."""
+    from server.http.errors import FAILURE_LABELS
+
+    (row,) = [row for row in table("Metrics") if code_spans(row[0]) == ["te_request_failure"]]
+    documented = code_spans(row[3])
+    assert len(documented) == len(set(documented)), documented
+    assert set(documented) == FAILURE_LABELS, "docs/api.md's te_request_failure err values and the code's differ"
 
 
 def test_metrics_table_is_what_metrics_exposes(app):

@@ -53,8 +53,16 @@ def test_an_infinity_line_maps_to_our_flags():
         ["v2", "--model-id", "BAAI/bge-reranker", "--batch-size", "32", "--url-prefix", "/v1", "--engine", "torch",
          "--device", "cpu", "--port", "7997", "--host", "0.0.0.0", "--no-bettertransformer"], environ={})
     assert config == ServerConfig(model_id="BAAI/bge-reranker", max_batch_requests=32, device="cpu", port=7997,
-                                  hostname="0.0.0.0")
-    assert {n.split(" accepted")[0] for n in notes} >= {"Infinity's --url-prefix", "Infinity's --engine"}
+                                  hostname="0.0.0.0", url_prefix="/v1")
+    assert {n.split(" accepted")[0] for n in notes} >= {"Infinity's --engine"}
+
+
+@pytest.mark.parametrize("line,prefix", [([], "/"), (["--url-prefix", ""], "/"), (["--url-prefix", "/v1/"], "/v1"),
+                                         (["--url-prefix=/api/emb"], "/api/emb")])
+def test_infinitys_url_prefix_is_its_routes_prefix_and_the_root_by_default(line, prefix):
+    config, _ = load_config(["v2", "--model-id", "m", *line], environ={})
+    assert config.url_prefix == prefix
+    assert load_config(["--model-id", "m"], environ={})[0].url_prefix is None  # ours: Infinity's at /infinity
 
 
 @pytest.mark.parametrize("argv,needles", [
@@ -69,7 +77,8 @@ def test_an_infinity_line_maps_to_our_flags():
     (["serve", "/m", "/n"], ["give the model once"]),
     (["v2", "--model-id", "a", "--model-id", "b"], ["one model"]),
     (["v2", "--model-id", "a", "--engine", "optimum"], ["--engine torch"]),
-    (["v2", "--model-id", "a", "--url-prefix", "/api"], ["/infinity/rerank"]),
+    (["v2", "--model-id", "a", "--url-prefix", "api/"], ["--url-prefix 'api'", "/v1"]),
+    (["--url-prefix", "/v1?x"], ["--url-prefix '/v1?x'", "no trailing slash"]),
     (["v2", "--model-id", "a", "--device-id", "1"], ["--device cuda:N"]),
     (["--max-model-len", "512"], ["--max-input-length"]),
     (["--mod", "x"], ["unrecognized arguments: --mod", "radixserve serve MODEL"]),  # no abbreviations
@@ -94,7 +103,7 @@ def test_flags_are_checked_before_torch_is_imported():
             "    try:\n        cli.main(argv)\n    except SystemExit as e:\n        assert e.code == 2, e.code\n"
             "    else:\n        raise AssertionError(argv)\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'transformers', 'models')"
-            " and m != 'models.options' and m != 'models'))")
+            " and m not in ('models.options', 'models', 'models.startup')))")  # startup: the torch-free clock
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)),
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from models.checkpoint.preflight import looks_like_path
 from models.linear.packed import Linear
 
 # What a snapshot download needs (weights, config, tokenizer, sentence-transformers files).
@@ -57,7 +58,7 @@ def resolve_model_dir(model_id: str | Path, revision: str | None = None) -> Path
     if path.is_dir():
         check_readable(path)
         return path
-    if path.is_absolute() or str(model_id).startswith((".", "~")) or str(model_id).count("/") > 1:
+    if looks_like_path(str(model_id)):
         raise FileNotFoundError(f"model directory {str(model_id)!r} does not exist")
     try:
         from huggingface_hub import snapshot_download

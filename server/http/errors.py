@@ -42,6 +42,11 @@ KINDS: dict[str, tuple[int, str, str, str]] = {
     "unhealthy": (503, "Unhealthy", "server_error", "service_unavailable"),
 }
 
+# te_request_failure's `err` values: every kind an app answers and a client gone before its answer;
+# a request head over the limits (header_too_large) is answered by the connection (server/http/
+# connections.py) before any app sees the request, so it is not counted there.
+FAILURE_LABELS = (frozenset(KINDS) - {"header_too_large"}) | {"client_gone"}
+
 # Starlette/FastAPI HTTPException status -> our kind
 HTTP_KINDS = {400: "validation", 401: "unauthorized", 404: "not_found", 405: "method", 408: "timeout",
               413: "too_large", 415: "media_type", 429: "overloaded", 503: "unhealthy"}

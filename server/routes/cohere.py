@@ -76,6 +76,7 @@ class CohereRoutes:
         call = self.service.begin("cohere_rerank")
         self.service.require("reranker", "/v1/rerank")
         body = await parse_body(request, CohereRerankRequest, max_items=self.max_items)
+        self.service.check_model(body.model)
         texts = [d if isinstance(d, str) else d.text for d in body.documents]
         order, scores, usage = await self.relevance(request, call, body.query, texts)
 
@@ -95,6 +96,7 @@ class CohereRoutes:
         call = self.service.begin("cohere_rerank_v2")
         self.service.require("reranker", "/v2/rerank")
         body = await parse_body(request, CohereV2RerankRequest, max_items=self.max_items)
+        self.service.check_model(body.model)
         order, scores, usage = await self.relevance(request, call, body.query, body.documents)
 
         def build() -> bytes:

@@ -2,10 +2,9 @@
 
 Embeddings: input str | [str] | [int] | [[int]]; vectors are always L2-normalized, Matryoshka
 ``dimensions`` cut first (0, which Infinity's client always sends, is the full size); base64 is the
-little-endian float32 bytes, which the OpenAI SDK decodes. A ``model`` other than the served
-names, the model id or Infinity's client's "default/not-specified" answers 404 ``model_not_found``,
-as vLLM answers an unknown model (a client configured with another name would otherwise get
-another model's vectors in silence); no ``model`` is served. Token ids are read as this model's
+little-endian float32 bytes, which the OpenAI SDK decodes. ``model``: any name when the server
+was started without --served-model-name (as TEI), else one it serves or a 404 ``model_not_found``
+(as vLLM; server/service/model_names.py). Token ids are read as this model's
 tokenizer's ids, so they are refused unless --allow-token-ids: LangChain's OpenAIEmbeddings sends
 tiktoken's cl100k ids by default, which would embed other text without an error.
 Models: the id is --served-model-name (default: the model id); ``created`` is when the server
@@ -36,19 +35,13 @@ def as_list(input: str | list[str] | list[int] | list[list[int]]) -> list:
     return input
 
 
-# The model name Infinity's own client sends unless told: Infinity serves its default model.
-INFINITY_DEFAULT_MODEL = "default/not-specified"
-
-
 class OpenAIRoutes:
     """The OpenAI handlers of one app, bound to its service and the served model name."""
 
-    def __init__(self, service: Service, *, model_name: str, names: tuple[str, ...] = (),
-                 allow_token_ids: bool = False) -> None:
+    def __init__(self, service: Service, *, model_name: str, allow_token_ids: bool = False) -> None:
         self.service = service
         self.allow_token_ids = allow_token_ids
         self.model_name = model_name
-        self.names = frozenset((model_name, *names, INFINITY_DEFAULT_MODEL))
         self.model = {"id": model_name, "object": "model", "created": int(time.time()), "owned_by": "radixserve"}
 
     async def openai_embeddings(self, request: Request) -> Response:
@@ -57,7 +50,7 @@ class OpenAIRoutes:
         call = service.begin("openai_embeddings")
         service.require("embedding", request.url.path)
         body = await parse_body(request, OpenAIEmbeddingRequest, max_items=service.limits.max_client_batch_size)
-        self.check_model(body.model)
+        service.check_model(body.model)
         raw = as_list(body.input)
         service.check_inputs(len(raw), empty=any(len(x) == 0 for x in raw), what="input")
         dimensions = body.dimensions or None  # 0: the full size, as Infinity reads it
@@ -75,14 +68,6 @@ class OpenAIRoutes:
         content = await render(lambda: self.render(result, encoding_format=body.encoding_format),
                                weight=result.vectors.size)
         return json_answer(content, result.usage.headers())
-
-    def check_model(self, model: str | None) -> None:
-        """404 for a model this server does not serve (vLLM's answer), naming the ones it does."""
-        if model is not None and model not in self.names:
-            raise ApiError(
-                "model_not_found",
-                f"The model `{model}` does not exist. This server serves `{self.model_name}`; send that name "
-                "(or start it with --served-model-name NAME[,NAME...] for the names your clients send)")
 
     def check_token_ids_allowed(self) -> None:
         if not self.allow_token_ids:
@@ -119,9 +104,10 @@ class OpenAIRoutes:
         return self.model
 
 
-def build_router(service: Service, *, model_name: str, names: tuple[str, ...] = (),
-                 allow_token_ids: bool = False) -> APIRouter:
-    openai = OpenAIRoutes(service, model_name=model_name, names=names, allow_token_ids=allow_token_ids)
+def build_router(service: Service, *, model_name: str, allow_token_ids: bool = False,
+                 also_at: tuple[str, ...] = ()) -> APIRouter:
+    """``also_at``: more paths of the embeddings route (Infinity's --url-prefix P: P/embeddings)."""
+    openai = OpenAIRoutes(service, model_name=model_name, allow_token_ids=allow_token_ids)
     router = APIRouter()
     body = openapi_body(OpenAIEmbeddingRequest)
     if not allow_token_ids:  # token ids are a 422 without --allow-token-ids: documented as texts only
@@ -135,6 +121,9 @@ def build_router(service: Service, *, model_name: str, names: tuple[str, ...] = 
         "/embeddings", openai.openai_embeddings, methods=["POST"], response_model=OpenAIEmbeddingResponse,
         tags=["OpenAI"], include_in_schema=False,
     )
+    for path in also_at:
+        router.add_api_route(path, openai.openai_embeddings, methods=["POST"], response_model=OpenAIEmbeddingResponse,
+                             tags=["OpenAI"], include_in_schema=False)
     router.add_api_route("/v1/models", openai.list_models, methods=["GET"], response_model=OpenAIModelList,
                          tags=["OpenAI"])
     router.add_api_route("/v1/models/{model_id:path}", openai.get_model, methods=["GET"], response_model=OpenAIModel,

@@ -12,7 +12,10 @@ one-label head), the head's logits with `raw_scores`; a batch answers a list per
 templated input is not empty), an empty query or list is 400. A /rerank body with ``documents``
 and no ``texts`` (what vLLM and Infinity accept there, and litellm's hosted_vllm/ and infinity/
 send) is answered in vLLM's dialect: {id, model, results: [{index, relevance_score, document?:
-{text}}], usage}, sorted, cut to top_n. POST / and POST /invocations
+{text}}], usage}, sorted, cut to top_n; when Infinity's routes are at the root (``--url-prefix /``,
+Infinity's launch line's default) in Infinity's (a returned document a string, no documents unless
+``return_documents``: server/routes/infinity.py); ``raw_scores`` (Infinity's) answers the raw score
+in both. POST / and POST /invocations
 (SageMaker's name) answer as the route that serves the body would: /rerank for a reranker; for an
 embedding model /similarity when ``inputs`` is a JSON object ({source_sentence, sentences}), else
 /embed. The body is parsed once (server/http/bodies.py, with a ``pick`` on the parsed JSON) and
@@ -35,7 +38,7 @@ from server.schemas.tei import EmbedRequest, Rank, RerankRequest, SimpleToken, T
 from server.schemas.cohere import CohereEmbedRequest
 from server.schemas.tei import DecodeRequest, DocumentsRerankRequest, DocumentsRerankResponse, EmbedAllRequest, SimilarityRequest
 from server.schemas.tei import PredictRequest, Prediction
-from server.service import scoring
+from server.service import infinity_answers, scoring
 from server.service.cohere_embed import answer_cohere_embed
 from server.service.heads import use_instead
 from server.service.core import Call, Service
@@ -104,9 +107,10 @@ def id_lists(ids: list[int] | list[list[int]]) -> list[list[int]]:
 class TeiRoutes:
     """The TEI handlers of one app, bound to its service."""
 
-    def __init__(self, service: Service, *, model_name: str) -> None:
+    def __init__(self, service: Service, *, model_name: str, infinity_root: bool = False) -> None:
         self.service = service
         self.model_name = model_name
+        self.infinity_root = infinity_root  # /rerank's documents body answered in Infinity's shape
         self.max_items = service.limits.max_client_batch_size
 
     # -- answers shared by a route and the dispatch ----------------------------------------------
@@ -147,6 +151,7 @@ class TeiRoutes:
     async def answer_documents(self, request: Request, body: DocumentsRerankRequest, call: Call) -> Response:
         """/rerank given ``documents``: vLLM's answer (Jina's and Cohere v1's results), cut to top_n."""
         service = self.service
+        service.check_model(body.model)
         texts = [d if isinstance(d, str) else d.text for d in body.documents]
         service.check_inputs(len(texts), query=body.query, what="documents")
         result = await service.rerank(
@@ -155,7 +160,11 @@ class TeiRoutes:
         )
 
         def build() -> bytes:
-            scores = result.relevance()
+            scores = result.raw if body.raw_scores else result.relevance()
+            if self.infinity_root:
+                return dumps(infinity_answers.rerank_answer(
+                    scores, texts, top_n=body.top_n, return_documents=bool(body.return_documents),
+                    model=self.model_name, tokens=result.usage.tokens))
             results = []
             for i in ranked(scores)[: body.top_n]:
                 item: dict = {"index": i, "relevance_score": scores[i]}
@@ -306,8 +315,8 @@ class TeiRoutes:
         return Response(status_code=200)
 
 
-def build_router(service: Service, *, model_name: str) -> APIRouter:
-    tei = TeiRoutes(service, model_name=model_name)
+def build_router(service: Service, *, model_name: str, infinity_root: bool = False) -> APIRouter:
+    tei = TeiRoutes(service, model_name=model_name, infinity_root=infinity_root)
     router = APIRouter()
 
     def post(path: str, endpoint, response_model, *body_models) -> None:

@@ -64,6 +64,7 @@ class VllmRoutes:
         call = service.begin(route.lstrip("/"))
         service.require(kind, route)
         body = await parse_body(request, model, max_items=self.max_items)
+        service.check_model(body.model)
         texts = _texts(body.input)
         service.check_inputs(len(texts), empty=any(t == "" for t in texts), what="input")
         truncate, direction, cap = self._truncation(body.truncate_prompt_tokens)
@@ -88,6 +89,7 @@ class VllmRoutes:
         call = service.begin("score")
         service.require("reranker", request.url.path)
         body = await parse_body(request, ScoreRequest, max_items=self.max_items)
+        service.check_model(body.model)
         left, right = _texts(body.text_1), _texts(body.text_2)
         if len(left) not in (1, len(right)):
             raise ApiError("validation", f"text_1 holds {len(left)} texts and text_2 {len(right)}: send one "

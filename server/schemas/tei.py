@@ -152,6 +152,7 @@ class DocumentsRerankRequest(DocumentsBody):
     ``return_documents`` unset answers the documents, as vLLM always does; false leaves them out."""
 
     return_documents: StrictBool | None = None
+    raw_scores: StrictBool = Field(False, description="Infinity's: the raw score rather than its sigmoid")
     instruction: StrictStr | None = Field(None, description="default: the model family's reranker instruction")
 
 

@@ -80,6 +80,7 @@ def by_type(result: Embeddings, types: list[str] | None) -> dict:
 async def answer_cohere_embed(service: Service, request: Request, body: CohereEmbedRequest, call: Call, *,
                               version: str) -> Response:
     """Cohere's embed answer to a parsed body (POST /v1/embed, /v2/embed, and POST / given Cohere's body)."""
+    service.check_model(body.model)
     if body.images is not None or body.inputs is not None:
         raise ApiError("validation", "images and inputs are not supported; send texts")
     if body.texts is None:

@@ -31,6 +31,7 @@ from server.memory import MemoryBudget, estimate
 from server.service.contract import ServedRunner, ServedScheduler
 from server.service.encoding import render
 from server.service.heads import use_instead
+from server.service.model_names import ModelNames
 from server.service.permits import Permits
 from server.service.results import (Embeddings, Scores, Similarities, TokenStates, Usage, cosines,
                                     shape_vectors)
@@ -64,8 +65,11 @@ class Service:
 
     def __init__(self, *, runner: ServedRunner, scheduler: ServedScheduler, metrics: Metrics, limits: Limits,
                  permits: Permits, default_prompt_name: str | None = None, default_prompt: str | None = None,
-                 tokenization_workers: int = 2, memory: MemoryBudget | None = None) -> None:
+                 tokenization_workers: int = 2, memory: MemoryBudget | None = None,
+                 model_names: ModelNames | None = None) -> None:
         self.runner = runner
+        # which ``model`` a request may name (server/service/model_names.py); default: any
+        self.model_names = model_names if model_names is not None else ModelNames(reported=runner.model_id)
         self.memory = memory if memory is not None else MemoryBudget(None)
         # The server's default prompt (flag) wins over the checkpoint's default_prompt_name.
         self.default_prompt = default_prompt
@@ -93,6 +97,10 @@ class Service:
                 f"{route} needs a model of kind {kind!r}, but this server runs a model of kind "
                 f"{self.runner.kind!r} ({self.runner.model_id}); use {other}",
             )
+
+    def check_model(self, model: str | None) -> None:
+        """404 ``model_not_found`` for a ``model`` this server does not answer to (see ModelNames)."""
+        self.model_names.check(model)
 
     def check_inputs(self, n: int, *, empty: bool = False, what: str = "inputs", query: str | None = None) -> None:
         """400 for no inputs, an empty one, or an empty rerank ``query`` (named); 422 for too many."""
