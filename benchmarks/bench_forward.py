@@ -8,7 +8,8 @@ the `off` forward's measured time instead. `idx_ms` is the host time of building
 the batch: what the threshold gate spends (on the prep thread) even when it then runs `off`.
 `--prefix 0` shares nothing, the case where radix on must cost no more than off.
 `--ab OLD_ROOT` instead times this checkout's model against the model code of another checkout
-(its models/qwen3.py and models/checkpoint/loader.py, same weights, same batches, same attention backend
+(its family module models/families/qwen3.py and models/checkpoint/loader.py, or where that checkout
+keeps them, models/qwen3.py and models/loader.py; same weights, same batches, same attention backend
 and gathers) in one process, alternating old/new within each round, so machine load hits both
 alike: the way to measure a model-code change on a shared, noisy machine.
 `--count-ops` instead prints the operators one decoder layer dispatches per forward (torch

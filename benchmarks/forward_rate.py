@@ -4,7 +4,7 @@
 
 Tokenizes every request first, then runs ``runner.prepare`` + ``runner.run`` batch after batch on
 a thread of its own (as the server's forwards run), so the rate is what a server at full load,
-one request per batch, should approach (docs/performance.md, "Against Infinity").
+one request per batch, should approach (docs/performance/cpu.md, "Against Infinity").
 """
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ mostly cancels in their ratio), with the median. With front-end processes (``--a
 above 1) the threads are the engine's; each front end's CPU time is read from /proc (its
 utime + stime) and reported per process (``frontends``: their sum, ``each``: per front end), and
 ``all`` is the engine's plus theirs. Nothing is asserted; the figures are in
-docs/performance.md, "Host path".
+docs/performance/host.md, "Host path".
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ per `--gguf NAME=PATH` (`llama-server --embedding --pooling last -t THREADS -np 
    ours / theirs, > 1 is faster; p50: ours / theirs, < 1 is faster).
 
 The data is loadtest's synthetic MS MARCO-shaped set. Servers log to `--log-dir`. Nothing is
-asserted: the figures and the command go to docs/performance.md ("Against llama.cpp").
+asserted: the figures and the command go to docs/performance/cpu.md ("Against llama.cpp").
 """
 from __future__ import annotations
 
@@ -287,7 +287,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = parser()
     args = p.parse_args(argv)
     if not args.llama_server:
-        p.error("no llama-server: pass --llama-server or set LLAMA_SERVER (docs/performance.md, "
+        p.error("no llama-server: pass --llama-server or set LLAMA_SERVER (docs/performance/cpu.md, "
                 "'Against llama.cpp', builds one)")
     for name in ("items", "parallel", "ctx_per_slot", "threads", "queries"):
         if getattr(args, name) < 1:

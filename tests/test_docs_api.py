@@ -217,7 +217,7 @@ def test_retry_after_values_in_the_docs_are_the_servers():
 
     expected = {"drain": str(RETRY_AFTER_S), "worker": RETRY_AFTER[503], "429": RETRY_AFTER[429]}
     checked = 0
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         for paragraph in re.split(r"\n\s*\n", doc.read_text()):
             for row in paragraph.split("\n|"):  # table rows apart; prose lines stay joined
                 start = 0

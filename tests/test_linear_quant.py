@@ -2,7 +2,7 @@
 within a bound of the fp32 path computed in the same test, in modes off, paper and compact and
 through the prefix cache.
 
-Bounds: measured errors (docs/performance.md, "Reduced-precision weights") with a margin of
+Bounds: measured errors (docs/performance/cpu.md, "Linear kernels and reduced-precision weights") with a margin of
 about 2-4x; the fp32 reference runs plain ``F.linear`` on the same model.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ checkpoint's own tokenizer.json and answering vectors drawn from each text's has
 arm is the real server on the tiny embedding fixture. The last test runs the real llama-server on
 the tiny fixture converted by llama.cpp's own converter, and skips unless LLAMA_SERVER,
 LLAMA_CPP_DIR (the llama.cpp source with convert_hf_to_gguf.py) and LLAMA_CPP_PYTHON (a Python
-with the converter's requirements) are set: docs/performance.md, "Against llama.cpp".
+with the converter's requirements) are set: docs/performance/cpu.md, "Against llama.cpp".
 """
 from __future__ import annotations
 
@@ -220,7 +220,7 @@ LLAMA_ENV = ("LLAMA_SERVER", "LLAMA_CPP_DIR", "LLAMA_CPP_PYTHON")
 
 @pytest.mark.skipif(not all(os.environ.get(k) for k in LLAMA_ENV),
                     reason="llama.cpp not built here: set LLAMA_SERVER, LLAMA_CPP_DIR and LLAMA_CPP_PYTHON "
-                           "(docs/performance.md, 'Against llama.cpp')")
+                           "(docs/performance/cpu.md, 'Against llama.cpp')")
 def test_real_llama_server_reads_the_fixture_as_we_do(tiny_embedding_dir, tmp_path):
     gguf = tmp_path / "tiny-f32.gguf"
     subprocess.run([os.environ["LLAMA_CPP_PYTHON"], str(Path(os.environ["LLAMA_CPP_DIR"]) / "convert_hf_to_gguf.py"),
@@ -238,10 +238,10 @@ def test_real_llama_server_reads_the_fixture_as_we_do(tiny_embedding_dir, tmp_pa
 
 
 def test_the_documented_command_parses():
-    text = (Path(__file__).resolve().parents[1] / "docs" / "performance.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "performance" / "cpu.md").read_text()
     blocks = "\n".join(re.findall(r"```bash\n(.*?)```", text, flags=re.S)).replace("\\\n", " ")
     lines = [ln for ln in blocks.splitlines() if "python -m benchmarks.llama_cpp_peer" in ln]
-    assert lines, "docs/performance.md shows no benchmarks.llama_cpp_peer command"
+    assert lines, "docs/performance/cpu.md shows no benchmarks.llama_cpp_peer command"
     for line in lines:
         words = shlex.split(line.split("python -m benchmarks.llama_cpp_peer", 1)[1].split("#")[0])
         args = peer.parser().parse_args(words)  # parses; the GGUF files are the reader's own

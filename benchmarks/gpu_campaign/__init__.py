@@ -6,5 +6,5 @@ Each phase is one device command under its own deadline (530 s by default) and w
 files; `--device cpu` rehearses the same steps on tiny fixtures in seconds. The phases, their
 arms and sizes: plan.py; the deadline: budget.py; the steps: steps.py (e2e.py, forward.py,
 checks.py); the files: report.py; the carried wheels: wheels.txt and prelude.py.
-docs/performance.md, "The campaign", has the device-tool commands.
+docs/performance/gpu.md, "The campaign", has the device-tool commands.
 """

@@ -2,7 +2,7 @@
 time and the peak memory per mode, and fp16 against bf16.
 
 Rows come from benchmarks.bench_forward.bench (modes interleaved round by round, medians), so
-they compare with docs/performance.md, "Forward: off vs paper vs compact, against the paper".
+they compare with docs/performance/gpu.md, "Forward: off vs paper vs compact, against the paper".
 """
 from __future__ import annotations
 

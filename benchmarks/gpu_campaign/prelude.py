@@ -85,7 +85,7 @@ def check_imports(names=IMPORTS) -> None:
                          cwd=Path(__file__).resolve().parents[2])
     if res.returncode != 0:
         raise PreludeError("the HTTP stack or the fixture builder does not import; carry the wheels of "
-                           f"{WHEELS_TXT} (docs/performance.md, 'The campaign'):\n" + (res.stdout + res.stderr).strip()[-2000:])
+                           f"{WHEELS_TXT} (docs/performance/gpu.md, 'The campaign'):\n" + (res.stdout + res.stderr).strip()[-2000:])
 
 
 def describe(device: str) -> dict:

@@ -154,8 +154,9 @@ def probe(fn: AttnFn, device: torch.device, dtype: torch.dtype, shape: Shape) ->
     scale = d ** -0.5
     q, k, v = (t.to(dtype).double() for t in (q, k, v))  # the kernel's own inputs, exactly
     want = sdpa_varlen(q, k, v, make_meta(cu_q, cu_k, "cpu"), scale=scale)
-    # NOTE: the forward passes row-strided head slices of the fused QKV output (models/qwen3.py),
-    # so the probe does too: a kernel that assumes packed rows fails here, not in a batch.
+    # NOTE: the forward passes row-strided head slices of the fused QKV output
+    # (models/families/layers.py), so the probe does too: a kernel that assumes packed rows fails
+    # here, not in a batch.
     qk_q = torch.cat((q, q.new_zeros(q.shape[0], hkv, d)), dim=1).to(device, dtype)  # [Tq, H+Hkv, D]
     kv = torch.cat((k.new_zeros(k.shape[0], h, d), k, v), dim=1).to(device, dtype)  # [Tk, H+2Hkv, D]
     qd, kd, vd = qk_q[:, :h], kv[:, h:h + hkv], kv[:, h + hkv:]

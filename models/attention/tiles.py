@@ -4,11 +4,11 @@ Why: aten's CPU flash kernel multiplies through the BLAS sgemm, and on CPUs wher
 not the fastest GEMM the process has, attention runs well below the linears. Where MKL's sgemm is
 slower than oneDNN's matmul (the one behind the packed linears), a large attention block in
 128 x 512 tiles through oneDNN beats the flash kernel. Where it is not (an Intel CPU whose MKL
-takes its AVX-512 path), the flash kernel is as fast, so ``attention_lse.select_cpu_kernel``
+takes its AVX-512 path), the flash kernel is as fast, so ``select_cpu_kernel`` (lse.py)
 measures both at load and keeps the flash kernel unless tiles win (docs/decisions.md, "CPU
 attention tiles, chosen at load").
 
-Contract: ``tiled_lse(q, k, v, causal=, scale=)`` returns what ``attention_lse.block_lse`` returns,
+Contract: ``tiled_lse(q, k, v, causal=, scale=)`` returns what ``block_lse`` (lse.py) returns,
 (out [g, H, Lq, D], lse [g, H, Lq] float32), equal up to fp32 summation order. Queries go in
 tiles of ``TILE_Q`` per head, the heads of one K/V group folded into the GEMM's rows; keys in
 tiles of ``TILE_K`` wherever every query of the tile sees every key of it, else in tiles of
@@ -39,7 +39,7 @@ TILE_K = 512  # keys in one unmasked tile (a multiple of TILE_Q)
 # "CPU attention tiles, chosen at load").
 MIN_PAIRS = 1 << 22
 _NEG = float("-inf")
-# Process-wide, like the kernel itself: set once at load (attention_lse.select_cpu_kernel)
+# Process-wide, like the kernel itself: set once at load (lse.select_cpu_kernel)
 _state = {"on": False}
 
 

@@ -8,9 +8,9 @@ prefixes meet in one batch), resumable output and a progress display. Modules, o
 
 - ``lines``: reading the input file and the shapes of the output lines;
 - ``grouping``: the order in which a window of lines is run;
-- ``engine``: the in-process app a line is dispatched to;
+- ``inprocess``: the in-process app a line is dispatched to (``Engine``);
 - ``output``: chunked, fsynced writing and resuming from an earlier run's output;
 - ``progress``: the terminal progress line or plain log lines;
-- ``job``: the loop that ties them together; ``cli``: ``main(argv)``;
+- ``job``: the loop that ties them together; ``command``: ``main(argv)``, the console script;
 - ``ray_data``: the same job as a Ray Data pipeline, one engine per actor.
 """

@@ -14,7 +14,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 class _Body(BaseModel):
     """A request body. ``inputs_field`` names the list that ``count_inputs`` counts before any
-    per-item validation (server/bodies.py refuses more than the server's maximum there)."""
+    per-item validation (server/http/bodies.py refuses more than the server's maximum there)."""
 
     model_config = ConfigDict(extra="ignore")
     inputs_field: ClassVar[str] = "inputs"
