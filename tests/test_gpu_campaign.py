@@ -250,7 +250,8 @@ def test_rehearsal_first_serves_the_arms_side_by_side(tmp_path):
 @pytest.mark.slow
 def test_rehearsal_second_and_scaled_deadlines_return_their_tables(tmp_path):
     """`second` runs on the CPU; both commands with their budgets scaled to the CPU's estimates
-    still return their tables with every planned step recorded (run, skipped or stopped)."""
+    still return their tables with every planned step recorded (run, skipped, stopped or failed,
+    with the reason)."""
     out = tmp_path / "second"
     res = _campaign("second", out, "--skip", "frontends,gpu_check", "--step-limit-factor", "20", deadline=1800)
     assert res.returncode == 0, res.stderr[-3000:]
@@ -264,4 +265,5 @@ def test_rehearsal_second_and_scaled_deadlines_return_their_tables(tmp_path):
         recorded = [s["step"] for s in _steps(out, phase)]
         assert recorded == [s.name for s in plan.steps(phase, plan.CPU)]
         assert res.stdout.rstrip().splitlines()[-1].startswith(f"| {recorded[-1]} |")
-        assert all(s["status"] in ("ok", "skipped", "timeout") for s in _steps(out, phase))
+        # at a tight deadline a step may be skipped, stopped, or fail on its own deadline: each says why
+        assert all(s["status"] == "ok" or s["why"] for s in _steps(out, phase))
