@@ -292,6 +292,31 @@ def test_bf16_checkpoint_is_the_fp32_one_rounded(tmp_path):
         fixtures.build(tmp_path / "f64", "tiny-reranker", layers=1, dtype="float64")
 
 
+def test_a_streamed_checkpoint_is_what_safetensors_writes(tmp_path):
+    """draw_device streams the file tensor by tensor; read back by safetensors' own reader (and
+    through the config by transformers' loader below) it holds the same draws, rounded alike."""
+    whole = fixtures.build(tmp_path / "whole", "tiny-embedding", layers=2, seed=7, dtype="bfloat16")
+    streamed = fixtures.build(tmp_path / "streamed", "tiny-embedding", layers=2, seed=7, dtype="bfloat16",
+                              draw_device="cpu")
+    a, b = load_file(str(whole / "model.safetensors")), load_file(str(streamed / "model.safetensors"))
+    assert list(a) == sorted(a) and set(a) == set(b)
+    for k in a:
+        assert b[k].dtype == torch.bfloat16 and torch.equal(a[k], b[k]), k
+    with safe_open(str(streamed / "model.safetensors"), "pt") as f:
+        assert f.metadata() == {"format": "pt"}
+    recipe = json.loads((streamed / fixtures.checkpoint.RECIPE_FILE).read_text())
+    assert recipe["draw_device"] == "cpu"
+    import transformers
+
+    model = transformers.AutoModel.from_pretrained(str(streamed), torch_dtype=torch.float32)
+    assert torch.equal(model.embed_tokens.weight, b["embed_tokens.weight"].float())
+    with pytest.raises(ValueError, match="one file"):
+        fixtures.build(tmp_path / "sh", "tiny-embedding", layers=1, shards=2, draw_device="cpu")
+    with pytest.raises(ValueError, match="shaped reranker head"):
+        fixtures.build(tmp_path / "rr", "tiny-reranker", layers=1, draw_device="cpu")
+    assert fixtures.cache_key("tiny-embedding", draw_device="cuda") != fixtures.cache_key("tiny-embedding")
+
+
 def test_cached_concurrent_builders_share_one_directory(tmp_path):
     root = tmp_path / "root"
     results, errors = [], []

@@ -22,7 +22,7 @@ def _campaign(phase: str, out: Path, *extra: str, deadline: float = 300) -> subp
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run([sys.executable, "-m", "benchmarks.gpu_campaign", "--phase", phase, "--out", str(out),
                            "--device", "cpu", "--deadline", str(deadline), "--wheels", "", *extra],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=max(900, deadline + 300))
 
 
 def _steps(out: Path, phase: str) -> list[dict]:
@@ -75,8 +75,8 @@ def test_a_failed_wheel_install_stops_the_phase_loudly(tmp_path):
     (wheels / "broken-1.0-py3-none-any.whl").write_bytes(b"not a zip")
     out = tmp_path / "out"
     res = subprocess.run([sys.executable, "-m", "benchmarks.gpu_campaign", "--phase", "e2e06", "--out", str(out),
-                          "--device", "cpu", "--wheels", str(wheels)], cwd=ROOT, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
+                          "--device", "cpu", "--wheels", str(wheels), "--install-wheels", "always"], cwd=ROOT,
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=300)
     assert res.returncode == 3
     assert "CAMPAIGN STOPPED" in res.stderr and "STOPPED" in (out / "e2e06.md").read_text()
     assert sorted(p.name for p in out.iterdir()) == ["e2e06.json", "e2e06.md"]
@@ -131,7 +131,7 @@ def test_every_phase_has_steps_and_known_estimates():
             steps = plan.steps(phase, sizes)
             assert steps and len({s.name for s in steps}) == len(steps)
             assert all(s.need in sizes.need for s in steps)
-    assert plan.PHASES[:2] == ("e2e06", "big8b")  # the headline first
+    assert plan.PHASES[:2] == ("first", "second") and plan.PHASES[2:4] == ("e2e06", "big8b")  # the headline first
     with pytest.raises(ValueError):
         plan.steps("nope", plan.CPU)
 
@@ -183,3 +183,87 @@ def test_the_frontends_step_measures_one_process_against_front_ends(tmp_path):
     md = "\n".join(report._other_tables([{"kind": "frontends", "status": "ok", "result": x, "step": "frontends"}]))
     assert "| one-input | engine + 2 |" in md and "| embed-template | 1 |" in md
     assert (tmp_path / "frontends.out").is_file()
+
+
+def test_the_fifteen_minute_plan_fits_its_two_commands():
+    """`first` (7 minutes) and `second` (5) carry the headline and the rest; every fixture in them
+    is drawn on the device; the step estimates, prelude included, fit each command's budget."""
+    from benchmarks.gpu_campaign.__main__ import default_deadline
+
+    assert plan.PHASES[:2] == ("first", "second")
+    assert plan.planned_s("first", plan.GPU) <= plan.FIRST_BUDGET_S == default_deadline("first") == 420
+    assert plan.planned_s("second", plan.GPU) <= plan.SECOND_BUDGET_S == default_deadline("second") == 300
+    first = [s.name for s in plan.steps("first", plan.GPU)]
+    assert first == ["fixture-small", "arms-small", "floor-embed", "ceiling-small", "fixture-big", "forward-big"]
+    arms = {s.name: s for s in plan.steps("first", plan.GPU)}["arms-small"].args["arms"]
+    assert arms[:2] == ["off", "compact"] and "compact+cache" in arms
+    for phase in ("first", "second"):
+        fx = [s for s in plan.steps(phase, plan.GPU) if s.kind == "fixture"]
+        assert fx and all(s.args["drawn"] and s.need.endswith(":drawn") for s in fx)
+    slices = plan.GPU.rounds * plan.GPU.slice_s
+    assert plan.queries_for(plan.GPU, slices) >= plan.GPU.queries_per_s * slices  # no arm runs out of requests
+
+
+def test_slices_merge_into_one_run():
+    """An arm's slices add up to the run they make together (an independent sum here)."""
+    from benchmarks.gpu_campaign import arms
+    from loadtest import scrape
+
+    a = client.RunResult(latencies_s=[0.1, 0.2], completions_s=[0.1, 0.2], items_ok=20, sent=2, distinct=50,
+                         wall_s=1.0, client_cpu_s=0.5,
+                         metrics=scrape.MetricsDelta(batches=2, mean_ratio=0.5, tokens_original=100, tokens_compact=50,
+                                                     cache_hit=0, cache_miss=0))
+    b = client.RunResult(latencies_s=[0.3], completions_s=[0.3], items_ok=10, sent=1, distinct=48, wall_s=2.0,
+                         client_cpu_s=0.25,
+                         metrics=scrape.MetricsDelta(batches=1, mean_ratio=0.8, tokens_original=60, tokens_compact=48,
+                                                     cache_hit=0, cache_miss=0))
+    b.errors["503"] += 1
+    m = arms.merge([a, b])
+    assert m.latencies_s == [0.1, 0.2, 0.3] and m.completions_s == [0.1, 0.2, 1.3]
+    assert (m.items_ok, m.sent, m.wall_s, m.client_cpu_s) == (30, 3, 3.0, 0.75) and m.errors == {"503": 1}
+    assert m.metrics.batches == 3 and m.metrics.tokens_original == 160 and m.metrics.tokens_compact == 98
+    assert abs(m.metrics.mean_ratio - (0.5 * 2 + 0.8) / 3) < 1e-12
+
+
+@pytest.mark.slow
+def test_rehearsal_first_serves_the_arms_side_by_side(tmp_path):
+    out = tmp_path / "first"
+    res = _campaign("first", out, "--step-limit-factor", "20", deadline=1800)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.rstrip().splitlines()[-1].startswith("| forward-big | ok |")  # the table comes last
+    steps = {s["step"]: s for s in _steps(out, "first")}
+    assert all(s["status"] == "ok" for s in steps.values()), steps
+    side = steps["arms-small"]["result"]
+    assert side["rounds"] == plan.CPU.rounds
+    names = [x["name"] for x in side["arms"]]
+    assert names == ["off", "compact", "compact+cache"]
+    for x in side["arms"]:
+        assert x["error_count"] == 0 and 0 < x["requests_sent"] <= x["distinct_requests"]  # nothing repeated
+        assert x["flags"] == " ".join(plan.ARMS[x["name"]]) and x["rounds"] == plan.CPU.rounds
+    cache = next(x for x in side["arms"] if x["name"] == "compact+cache")["server"]
+    assert cache["prefix_cache_hit_tokens"] > 0  # the template is read from the pool, not computed
+    assert "Arms side by side" in res.stdout and "| off | no trie, no cache |" in res.stdout
+    assert steps["fixture-big"]["result"]["path"].endswith("drawcpu-" + __import__("fixtures").FIXTURE_VERSION)
+    assert sorted(p.name for p in out.iterdir()) == ["first-logs.tar.gz", "first.json", "first.md"]
+
+
+@pytest.mark.slow
+def test_rehearsal_second_and_scaled_deadlines_return_their_tables(tmp_path):
+    """`second` runs on the CPU; both commands with their budgets scaled to the CPU's estimates
+    still return their tables with every planned step recorded (run, skipped, stopped or failed,
+    with the reason)."""
+    out = tmp_path / "second"
+    res = _campaign("second", out, "--skip", "frontends,gpu_check", "--step-limit-factor", "20", deadline=1800)
+    assert res.returncode == 0, res.stderr[-3000:]
+    steps = {s["step"]: s for s in _steps(out, "second")}
+    assert [x["name"] for x in steps["arms-mid"]["result"]["arms"]] == ["off", "compact"]
+    assert steps["dtypes"]["status"] == "ok" and steps["launches"]["status"] == "ok"
+    for phase in ("first", "second"):
+        scaled = plan.BUDGET_S[phase] * plan.planned_s(phase, plan.CPU) / plan.planned_s(phase, plan.GPU)
+        out = tmp_path / f"scaled-{phase}"
+        res = _campaign(phase, out, "--skip", "frontends,gpu_check", deadline=scaled)
+        recorded = [s["step"] for s in _steps(out, phase)]
+        assert recorded == [s.name for s in plan.steps(phase, plan.CPU)]
+        assert res.stdout.rstrip().splitlines()[-1].startswith(f"| {recorded[-1]} |")
+        # at a tight deadline a step may be skipped, stopped, or fail on its own deadline: each says why
+        assert all(s["status"] == "ok" or s["why"] for s in _steps(out, phase))

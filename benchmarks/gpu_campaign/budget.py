@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 GRACE_S = 10.0  # from SIGTERM to SIGKILL of a step's process group
+LIMIT_FACTOR = 2.5  # a step is stopped at this many times its estimate (at least estimate + 60 s)
 RESERVE_S = 8.0  # kept back for the report, the tarball and the exit
 
 
@@ -48,7 +49,7 @@ def _stop_group(proc: subprocess.Popen) -> None:
 
 
 def run_step(name: str, kind: str, args: dict, *, need_s: float, deadline: Deadline, logs: Path,
-             env: dict | None = None) -> dict:
+             env: dict | None = None, limit_factor: float = LIMIT_FACTOR) -> dict:
     """Run one step if `need_s` fits; its record: status ok | failed | timeout | skipped, seconds,
     the reason, and the child's JSON result (None when it wrote none)."""
     left = deadline.left()
@@ -56,7 +57,7 @@ def run_step(name: str, kind: str, args: dict, *, need_s: float, deadline: Deadl
     if left < need_s:
         return rec | {"status": "skipped", "seconds": 0.0, "result": None,
                       "why": f"needs ~{need_s:.0f} s, {max(0.0, left):.0f} s left"}
-    timeout = min(left, max(2.5 * need_s, need_s + 60.0))
+    timeout = min(left, max(limit_factor * need_s, need_s + 60.0))
     result_path = logs / f"{name}.json"
     argv = [sys.executable, "-m", "benchmarks.gpu_campaign.steps", kind,
             json.dumps(args | {"deadline_at": time.time() + timeout - GRACE_S, "logs": str(logs)}), str(result_path)]

@@ -46,10 +46,34 @@ def install_wheels(folder: Path | None, target: Path = TARGET) -> str:
     if res.returncode != 0:
         raise PreludeError(f"pip could not install the carried wheels from {folder} (exit {res.returncode}):\n"
                            + (res.stderr or res.stdout).strip()[-2000:])
-    sys.path.insert(0, str(target))
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(target), os.environ.get("PYTHONPATH")]))
-    importlib.invalidate_caches()
+    _put_first(target)
     return f"installed {len(wheels)} wheels into {target}"
+
+
+def _put_first(target: Path) -> None:
+    """`target` first on this process's path and its children's (PYTHONPATH)."""
+    if str(target) not in sys.path:
+        sys.path.insert(0, str(target))
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p != str(target)]
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(target), *parts])
+    importlib.invalidate_caches()
+
+
+def ensure_imports(folder: Path | None, *, always: bool = False, target: Path = TARGET) -> str:
+    """The HTTP stack importable, installing the carried wheels only when it is not: a machine
+    that has the packages, or a later phase on the machine where an earlier one installed them
+    into `target`, installs nothing. `always`: install first whatever imports. Says which."""
+    if not always:
+        if target.is_dir() and any(target.iterdir()):
+            _put_first(target)  # an earlier phase's install on this machine
+        try:
+            check_imports()
+            return "the stack imports: no wheel installed"
+        except PreludeError:
+            pass
+    done = install_wheels(folder, target)
+    check_imports()
+    return done
 
 
 def check_imports(names=IMPORTS) -> None:

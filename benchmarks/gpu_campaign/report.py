@@ -21,8 +21,22 @@ def _f(v, fmt="{:.1f}", na="-") -> str:
     return na if v is None else fmt.format(v)
 
 
+def arm_results(records: list[dict]) -> list[dict]:
+    """Every arm's summary: one per `arm` step (one after another), or each arm of an `arms` step
+    (side by side, taking turns)."""
+    out = []
+    for r in records:
+        if r["status"] != "ok" or not r["result"]:
+            continue
+        if r["kind"] == "arm":
+            out.append(r["result"])
+        elif r["kind"] == "arms":
+            out += r["result"]["arms"]
+    return out
+
+
 def _arms_table(records: list[dict], role: str) -> list[str]:
-    arms = [r for r in records if r["kind"] == "arm" and r["status"] == "ok" and r["result"]]
+    arms = [{"result": x} for x in arm_results(records)]
     if not arms:
         return []
     base = next((r["result"]["items_per_s"] for r in arms if r["result"]["name"] == "off"), None)
@@ -36,6 +50,10 @@ def _arms_table(records: list[dict], role: str) -> list[str]:
                   f"{_f(x['server']['token_compression_ratio'], '{:.3f}')} | {_f(x.get('gpu_busy'), '{:.0%}', 'n/a')} | "
                   f"{_f(x.get('client_cpu_share'), '{:.2f}')} | {x['requests_sent']}/{x['distinct_requests']} | "
                   f"{x['error_count']} |")
+    side = next((r["result"] for r in records if r["kind"] == "arms" and r["status"] == "ok" and r["result"]), None)
+    if side:
+        md.append(f"\nArms side by side: every server up at once, {side['rounds']} rounds of {side['slice_s']:g} s "
+                  "of load per arm, taking turns.")
     md.append(f"\nPaper, end to end at this size: {PAPER.get(('e2e', role), '-')} (radix on vs off).")
     return md
 
@@ -44,8 +62,7 @@ def headroom_line(records: list[dict]) -> tuple[list[str], dict | None]:
     from loadtest.responder import CLEAN_HEADROOM, headroom
 
     ceil = next((r["result"] for r in records if r["kind"] == "ceiling" and r["status"] == "ok"), None)
-    rates = [r["result"]["items_per_s"] for r in records if r["kind"] == "arm" and r["status"] == "ok"
-             and r["result"] and r["result"]["items_per_s"]]
+    rates = [x["items_per_s"] for x in arm_results(records) if x["items_per_s"]]
     if ceil is None or not rates:
         return [], None
     h = headroom(max(rates), ceil["items_per_s"])
@@ -107,7 +124,7 @@ def _other_tables(records: list[dict]) -> list[str]:
 
 
 def markdown(phase: str, env: dict, records: list[dict], total_s: float, deadline_s: float) -> str:
-    role = next((r["step"].split("-")[1] for r in records if r["kind"] == "arm"), "")
+    role = next((r["step"].split("-")[1] for r in records if r["kind"] in ("arm", "arms")), "")
     md = [f"# radixserve GPU campaign: {phase}", "",
           "env: " + ", ".join(f"{k}={v}" for k, v in env.items()), ""]
     md += _arms_table(records, role)

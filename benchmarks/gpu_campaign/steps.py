@@ -20,17 +20,20 @@ from benchmarks.gpu_campaign import plan
 STORE_DTYPE = "bfloat16"  # fixtures on disk as the hub ships Qwen3
 
 
-def model_dir(s: plan.Sizes, role: str, kind: str = "embedding", *, build: bool = False) -> Path:
-    """The role's random-weight checkpoint in the fixture cache; built only by the fixture step."""
+def model_dir(s: plan.Sizes, role: str, kind: str = "embedding", *, build: bool = False,
+              drawn: bool = False) -> Path:
+    """The role's random-weight checkpoint in the fixture cache; built only by the fixture step.
+    drawn: the weights drawn on the phase's device and streamed to disk (the 15-minute plan)."""
     import fixtures
     from fixtures.checkpoint import cache_key, default_root
 
     preset = s.preset(role)
     if kind == "reranker":
         preset = preset.replace("embedding", "reranker")
-    path = default_root() / cache_key(preset, layers=s.layers, kind=kind, dtype=STORE_DTYPE)
+    draw = s.device if drawn else None
+    path = default_root() / cache_key(preset, layers=s.layers, kind=kind, dtype=STORE_DTYPE, draw_device=draw)
     if build:
-        return fixtures.cached(preset, layers=s.layers, kind=kind, dtype=STORE_DTYPE)
+        return fixtures.cached(preset, layers=s.layers, kind=kind, dtype=STORE_DTYPE, draw_device=draw)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"no {role} {kind} fixture at {path}: its fixture step did not run")
     return path
@@ -40,10 +43,10 @@ def fixture(s: plan.Sizes, a: dict) -> dict:
     t0 = time.perf_counter()
     existed = True
     try:
-        model_dir(s, a["role"], a["kind"])
+        model_dir(s, a["role"], a["kind"], drawn=a.get("drawn", False))
     except FileNotFoundError:
         existed = False
-    path = model_dir(s, a["role"], a["kind"], build=True)
+    path = model_dir(s, a["role"], a["kind"], build=True, drawn=a.get("drawn", False))
     size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
     return {"path": str(path), "built": not existed, "seconds": time.perf_counter() - t0, "bytes": size}
 
@@ -66,6 +69,12 @@ def run(kind: str, a: dict) -> dict:
         from benchmarks.gpu_campaign import e2e
 
         return e2e.frontends(s, logs=logs, deadline_at=deadline_at)
+    drawn = bool(a.get("drawn"))
+    if kind == "arms":
+        from benchmarks.gpu_campaign import arms
+
+        return arms.side_by_side(s, model_dir(s, a["role"], drawn=drawn), arms=a["arms"], logs=logs, work=work,
+                                 deadline_at=deadline_at, role=a["role"])
     if kind in ("arm", "ceiling", "floor", "host"):
         from benchmarks.gpu_campaign import e2e
 
@@ -76,15 +85,15 @@ def run(kind: str, a: dict) -> dict:
             workers = 4 if s.device.startswith("cuda") else 1
             return e2e.ceiling(s, role=a["role"], duration=a["duration"], work=work, workers=workers)
         if kind == "floor":
-            return e2e.floor(s, model_dir(s, a["role"], a["kind"]), kind=a["kind"], logs=logs,
+            return e2e.floor(s, model_dir(s, a["role"], a["kind"], drawn=drawn), kind=a["kind"], logs=logs,
                              deadline_at=deadline_at)
         return e2e.host(s, model_dir(s, a["role"]), work=work, threads=max(1, (os.cpu_count() or 2) - 1))
     if kind in ("forward", "dtypes"):
         from benchmarks.gpu_campaign import forward
 
         if kind == "forward":
-            return forward.forward_big(s, model_dir(s, a["role"]), deadline_at=deadline_at)
-        return forward.dtypes(s, {r: model_dir(s, r) for r in a["roles"]}, deadline_at=deadline_at)
+            return forward.forward_big(s, model_dir(s, a["role"], drawn=drawn), deadline_at=deadline_at)
+        return forward.dtypes(s, {r: model_dir(s, r, drawn=drawn) for r in a["roles"]}, deadline_at=deadline_at)
     from benchmarks.gpu_campaign import checks
 
     if kind == "gpu_check":
@@ -94,7 +103,7 @@ def run(kind: str, a: dict) -> dict:
     if kind == "cache":
         return checks.cache_speed(s, model_dir(s, a["role"]), deadline_at=deadline_at)
     if kind == "launches":
-        return checks.launches(s, model_dir(s, a["role"]))
+        return checks.launches(s, model_dir(s, a["role"], drawn=drawn))
     raise ValueError(f"unknown step kind {kind!r}")
 
 
