@@ -67,7 +67,7 @@ def load_dense(model_dir: Path, specs: tuple[DenseSpec, ...], device: torch.devi
             t = torch.load(folder / "pytorch_model.bin", map_location="cpu", weights_only=True)
         else:
             raise UnsupportedModules(f"Dense module {spec.path!r}: no model.safetensors or pytorch_model.bin")
-        want = {"linear.weight": (spec.out_features, spec.in_features)}
+        want: dict[str, tuple[int, ...]] = {"linear.weight": (spec.out_features, spec.in_features)}
         if spec.bias:
             want["linear.bias"] = (spec.out_features,)
         for key, shape in want.items():

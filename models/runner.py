@@ -35,7 +35,7 @@ from models.families.layers import AttentionOps
 from models.families.protocol import ScoringModel
 from models import streams
 from models.streams import to_device
-from models.families.registry import (SCORE_HEAD, build_model, check_kind, check_template, default_kind, family_spec,
+from models.families.registry import (SCORE_HEAD, build_model, check_kind, check_remote_code, check_template, default_kind, family_spec,
                              rerank_spec, rerank_template_for, resolve as resolve_family)
 from models.trie import RadixIndex, build_index, positions_from_cu_seqlens
 from models.attention.tree import POLICIES as TREE_POLICIES, attach_tree
@@ -309,6 +309,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     # refuses what we would serve wrong, before the numbers are parsed
     family = resolve_family(str(raw.get("model_type", "")), tuple(raw.get("architectures") or ()))
     cfg = ModelConfig.from_dict(raw)
+    check_remote_code(raw)
     device = torch.device(device) if device is not None else default_device()
     dtype = parse_dtype(dtype, device)
     template = rerank_template_for(family, cfg.model_type, rerank_template)

@@ -72,8 +72,8 @@ def read_modules(model_dir: Path, *, hidden_size: int, dense_path: str | None = 
     """
     path = model_dir / "modules.json"
     if not path.is_file():
-        dense = (read_dense(model_dir, dense_path, hidden_size),) if dense_path else ()
-        return Modules(pooling=None, dense=dense)
+        alone = (read_dense(model_dir, dense_path, hidden_size),) if dense_path else ()
+        return Modules(pooling=None, dense=alone)
     entries = json.loads(path.read_text())
     kinds = []
     for entry in entries:

@@ -114,6 +114,19 @@ def rerank_template_for(entry: Entry, model_type: str, override: str | None = No
     return RERANK_TEMPLATES.get((model_type, entry.head))
 
 
+def check_remote_code(raw: dict[str, Any]) -> None:
+    """Refuse a checkpoint whose config.json maps a model class to the repository's own Python
+    (``auto_map``): sentence-transformers and transformers run that code (trust_remote_code), and
+    its attention mask or pooling may differ from the family served here (gte-Qwen2, stella,
+    NV-Embed), so serving it through our family would be wrong in silence."""
+    auto = raw.get("auto_map") or {}
+    remote = sorted(k for k in auto if str(k).startswith("AutoModel"))
+    if remote:
+        raise UnsupportedArchitecture(
+            f"config.json's auto_map runs remote code for {remote[0]} ({auto[remote[0]]!r}); its attention and "
+            f"pooling are the repository's own Python, which this server does not run")
+
+
 def default_kind(entry: Entry, labels: int, *, template: str | None = None) -> str | None:
     """The kind a score head serves unless told: one label a reranker where a template is known
     (``template``), else a reward model; more labels a classifier. None for other heads (the
