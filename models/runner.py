@@ -35,8 +35,9 @@ from models.families.layers import AttentionOps
 from models.families.protocol import ScoringModel
 from models import streams
 from models.streams import to_device
-from models.families.registry import (SCORE_HEAD, build_model, check_kind, check_remote_code, check_template, default_kind, family_spec,
-                             rerank_spec, rerank_template_for, resolve as resolve_family)
+from models.families.registry import (SCORE_HEAD, build_model, check_kind, check_remote_code, check_template,
+                                     default_kind, family_spec, rerank_spec, rerank_template_for,
+                                     resolve as resolve_family)
 from models.trie import RadixIndex, build_index, positions_from_cu_seqlens
 from models.attention.tree import POLICIES as TREE_POLICIES, attach_tree
 from models.attention.tree_select import TreeBackend, describe_tree
