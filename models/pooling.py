@@ -56,11 +56,41 @@ def rerank_logits(model: ScoringModel, hidden: Tensor, batch: ForwardBatch, *,
     return logits[:, 0] if no_id is None else logits[:, 0] - logits[:, 1]
 
 
+def cut_trailing_pad(input_ids, cu_seqlens, pad_id: int | None):
+    """(input_ids, cu_seqlens) with each sequence cut after its last token that is not ``pad_id``.
+
+    A `*ForSequenceClassification` head reads, in transformers, the rightmost token that is not
+    the config's pad token (index 0 when every token is one; the last token when the config has
+    no pad token). Tokenizers such as Qwen3-Embedding's append ``<|endoftext|>``, which Qwen3
+    configs also name as pad, so the score is read one token before the end. Attention is causal:
+    that token's state does not depend on the tokens after it, so cutting them gives exactly
+    transformers' logits, in every radix mode and with the prefix cache (host-only, numpy).
+    """
+    if pad_id is None:
+        return input_ids, cu_seqlens
+    ids = np.asarray(input_ids)
+    cu = np.asarray(cu_seqlens, dtype=np.int64)
+    lens = np.diff(cu)  # [B]
+    ends = cu[1:][lens > 0] - 1
+    if not (ids[ends] == pad_id).any():  # the common case: nothing to cut
+        return input_ids, cu_seqlens
+    seq = np.repeat(np.arange(len(lens)), lens)  # [N] sequence of each token
+    pos = np.arange(len(ids)) - cu[:-1][seq]  # [N] position in its sequence
+    last = np.zeros(len(lens), dtype=np.int64)  # [B] rightmost non-pad position (0 when none)
+    np.maximum.at(last, seq, np.where(ids != pad_id, pos, 0))
+    keep = np.minimum(last + 1, lens)  # [B] tokens kept
+    new_cu = np.zeros_like(cu)
+    new_cu[1:] = np.cumsum(keep)
+    return (np.ascontiguousarray(ids[pos < keep[seq]]),
+            new_cu.astype(np.asarray(cu_seqlens).dtype))
+
+
 def classify_logits(model: ScoringModel, hidden: Tensor, batch: ForwardBatch) -> Tensor:
     """[B, labels] fp32 logits of the `score` head at each sequence's last token.
 
     NOTE: a ForSequenceClassification checkpoint reads the last non-pad token; our sequences are
-    unpadded, so that is each sequence's last row.
+    unpadded and cut after it (`cut_trailing_pad`, in the runner's prepare), so that is each
+    sequence's last row.
     """
     head = model.score_head()
     assert head is not None  # load_runner builds it for every score-head kind

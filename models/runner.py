@@ -19,13 +19,14 @@ from tokenizers import Tokenizer
 
 import kernels
 from models.batch import ForwardBatch, build_forward_batch
-from models.checkpoint.directory import detect_kind, detect_pooling, read_prompts, token_id
+from models.checkpoint.directory import detect_kind, detect_pooling, read_modules, read_prompts, token_id
+from models.dense import DenseStack, load_dense
 from models.checkpoint.config import ModelConfig, read_config
 from models.linear.select import choose_linears
 from models.checkpoint.loader import (default_device, describe_memory, load_weights, memory_report, parse_dtype,
                            resolve_model_dir)
 from models.options import KINDS, POOLINGS, RADIX_ATTENTION, check_radix_mlp_threshold, use_index
-from models.pooling import classify_logits, pool, rerank_logits, token_states
+from models.pooling import classify_logits, cut_trailing_pad, pool, rerank_logits, token_states
 from models.prefix_cache import DEFAULT_SIZE, PrefixCache, cache_refusal, capacity_tokens
 from models.prefix_setup import head_pooling, start_prefix_cache
 from models.attention.paths import cpu_attention_kernel, select_paths
@@ -34,8 +35,9 @@ from models.families.layers import AttentionOps
 from models.families.protocol import ScoringModel
 from models import streams
 from models.streams import to_device
-from models.families.registry import (SCORE_HEAD, build_model, check_kind, default_kind, family_rerank, family_spec,
-                             resolve as resolve_family)
+from models.families.registry import (SCORE_HEAD, build_model, check_kind, check_remote_code, check_template,
+                                     default_kind, family_spec, rerank_spec, rerank_template_for,
+                                     resolve as resolve_family)
 from models.trie import RadixIndex, build_index, positions_from_cu_seqlens
 from models.attention.tree import POLICIES as TREE_POLICIES, attach_tree
 from models.attention.tree_select import TreeBackend, describe_tree
@@ -80,12 +82,12 @@ class Runner:
     attention_backend: str
     kernels: str
     max_positions: int
-    hidden_size: int
+    hidden_size: int  # the answer's width: the last Dense module's out_features, else the model's
     prompts: dict[str, str] = field(default_factory=dict)
     default_prompt_name: str | None = None
     yes_id: int | None = None
     head: str = "pooling"  # what produces the output: "pooling", "yes-no" (lm_head rows), "score"
-    # a reranker's template name and default instruction (the family's RerankSpec)
+    # a reranker's template name and default instruction (its RerankSpec; "" when not a reranker)
     rerank_template: str = "qwen3-reranker"
     rerank_instruction: str = ""
     labels: tuple[str, ...] = ()  # a score head's labels, row order (id2label)
@@ -112,6 +114,7 @@ class Runner:
     startup: StartupClock = field(default_factory=StartupClock)
     # run() may return a HostCopy on CUDA (the scheduler settles it on its own thread); off: run waits
     defer_copies: bool = False
+    dense: DenseStack | None = None  # sentence-transformers Dense modules after pooling (models/dense.py)
 
     @property
     def attention_report(self) -> dict:
@@ -134,6 +137,8 @@ class Runner:
         each item's prefix-cache namespace (b"": the shared one); items of different namespaces
         share neither cache entries nor trie nodes.
         """
+        if self.head == "score":  # the score token: the last non-pad one (transformers' rule)
+            input_ids, cu_seqlens = cut_trailing_pad(input_ids, cu_seqlens, self.config.pad_token_id)
         n = int(cu_seqlens[-1])
         if len(cu_seqlens) - 1 > MAX_SEQS:
             raise ValueError(f"a batch holds at most {MAX_SEQS} sequences (a CUDA grid dimension), "
@@ -150,7 +155,7 @@ class Runner:
                                 groups=namespace_groups(namespaces))
             ratio = float(built.ratio)
             saved = n - len(built.compact_ids)
-            if use_index(self.radix_mlp_threshold, ratio, saved_rows=saved, hidden_size=self.hidden_size):
+            if use_index(self.radix_mlp_threshold, ratio, saved_rows=saved, hidden_size=self.config.hidden_size):
                 index = built
         # NOTE: tokens read from the prefix cache have no hidden-state row (only pooled K/V), so a
         # batch with per-token items runs without it. Leaving out only those items' sequences is
@@ -214,7 +219,8 @@ class Runner:
         if self.kind == "reranker":
             assert self.yes_id is not None  # load_runner sets it (no_id: None when "yes" scores alone)
             return rerank_logits(self.model, hidden, batch, yes_id=self.yes_id, no_id=self.no_id)
-        return pool(self.model, hidden, batch, self.pooling)
+        pooled = pool(self.model, hidden, batch, self.pooling)  # [B, E]
+        return pooled if self.dense is None else self.dense(pooled)  # [B, out_features]
 
     def run(self, prepared: PreparedBatch) -> torch.Tensor | list | streams.HostCopy:
         """CPU float32: [B, E] pooled embeddings (not normalised) or [B] raw reranker scores; with
@@ -273,7 +279,8 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
                 kind: str | None = None, radix_mlp_threshold: float = 0.95,
                 prefix_cache_size: str | int = DEFAULT_SIZE, cpu_packed_weights: bool = True, cpu_weights: str = "fp32",
                 keep_dense_weights: bool = True, max_batch_tokens: int = 16384,
-                tree_attention: str = "auto") -> Runner:
+                tree_attention: str = "auto", dense_path: str | None = None,
+                rerank_template: str | None = None) -> Runner:
     """Resolve, load and wire up a model for serving (see docs/architecture.md).
 
     prefix_cache_size: "512MiB", "2GB", "8192tokens", a byte count, "auto" or 0 (off); see
@@ -283,6 +290,9 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     fp32, int8 or bf16 linear weights on a CPU in float32 (models/linear/select.py).
     max_batch_tokens: the largest batch served; a CUDA `auto` cache is sized after a forward of it.
     Nothing is warmed up here: the scheduler's worker thread calls `warm_up` before serving.
+    dense_path: TEI's --dense-path (models/checkpoint/directory.py, `read_modules`).
+    rerank_template: serve a score or yes/no head through this reranker template
+    (models/families/registry.py, `rerank_template_for`).
     """
     radix_mlp_threshold = check_radix_mlp_threshold(radix_mlp_threshold)
     if radix_attention not in RADIX_ATTENTION:
@@ -300,10 +310,13 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     # refuses what we would serve wrong, before the numbers are parsed
     family = resolve_family(str(raw.get("model_type", "")), tuple(raw.get("architectures") or ()))
     cfg = ModelConfig.from_dict(raw)
+    check_remote_code(raw)
     device = torch.device(device) if device is not None else default_device()
     dtype = parse_dtype(dtype, device)
-    kind = kind or default_kind(family, len(cfg.labels)) or detect_kind(model_dir, cfg)
+    template = rerank_template_for(family, cfg.model_type, rerank_template)
+    kind = kind or default_kind(family, len(cfg.labels), template=template) or detect_kind(model_dir, cfg)
     check_kind(family, kind, len(cfg.labels))
+    check_template(family, kind, template, given=rerank_template is not None)
     head = "score" if family.head == SCORE_HEAD else "yes-no" if kind == "reranker" else "pooling"
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
 
@@ -311,8 +324,8 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
                                                      tree_attention=tree_attention)
     ops = AttentionOps(backend, kernels.get_gather_rows(device), kernels.get_gather_rows_pair(device))
     yes_id = no_id = None
-    rerank = family_rerank(family, log_choice=head == "yes-no")
-    if head == "yes-no":
+    rerank = rerank_spec(template, family, log_choice=kind == "reranker") if kind == "reranker" and template else None
+    if head == "yes-no" and rerank is not None:
         yes_id = token_id(tokenizer, rerank.yes)
         no_id = token_id(tokenizer, rerank.no) if rerank.no is not None else None
     labels = cfg.labels if head == "score" else ()
@@ -336,7 +349,11 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     clock.mark("kernel choices")
 
     prompts, default_prompt_name = read_prompts(model_dir)
-    pooling = pooling or detect_pooling(model_dir)
+    modules = read_modules(model_dir, hidden_size=cfg.hidden_size, dense_path=dense_path) if kind == "embedding" else None
+    if dense_path is not None and modules is None:
+        raise ValueError(f"--dense-path applies to an embedding model, not a {kind}")
+    pooling = pooling or (modules.pooling if modules is not None else None) or detect_pooling(model_dir)
+    dense = load_dense(model_dir, modules.dense, device) if modules is not None else None
     max_positions = cfg.max_position_embeddings
     if cfg.sliding_window is not None:  # beyond the window our full causal attention is wrong
         max_positions = min(max_positions, cfg.sliding_window)
@@ -345,13 +362,14 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         device=device, dtype=dtype, pooling=pooling,
         radix_attention=radix_attention, attention_backend=backend.name,
         kernels=kernels.describe(device), max_positions=max_positions,
-        hidden_size=cfg.hidden_size, prompts=prompts, default_prompt_name=default_prompt_name,
-        yes_id=yes_id, no_id=no_id, head=head, labels=labels, rerank_template=rerank.template,
-        rerank_instruction=rerank.instruction, radix_mlp_threshold=radix_mlp_threshold,
+        hidden_size=dense.out_features if dense is not None else cfg.hidden_size, prompts=prompts, default_prompt_name=default_prompt_name,
+        yes_id=yes_id, no_id=no_id, head=head, labels=labels,
+        rerank_template=rerank.template if rerank else "",
+        rerank_instruction=rerank.instruction if rerank else "", radix_mlp_threshold=radix_mlp_threshold,
         attention_rejected=dict(backend.rejected), linear=linear.kernel, memory=memory,
         linear_choice=f"{linear.weights}: {linear.report}",
         tree_attention=tree_attention, tree_path=tree_path, tree_rejected=tree_rejected,
-        cpu_attention=cpu_attention, startup=clock,
+        cpu_attention=cpu_attention, startup=clock, dense=dense,
     )
     runner.prefix_cache, runner.prefix_cache_report = start_prefix_cache(runner, prefix_cache_size,
                                                                          max_batch_tokens=max_batch_tokens)

@@ -65,6 +65,8 @@ def load_runner(config: ServerConfig) -> ServedRunner:
         keep_dense_weights=False,  # serving needs no gradients: one copy of the weights
         max_batch_tokens=config.max_batch_tokens,  # a CUDA `auto` prefix cache is sized after such a batch
         tree_attention=config.tree_attention,
+        dense_path=config.dense_path,
+        rerank_template=config.rerank_template,
     )
     runner.defer_copies = True  # on CUDA the scheduler waits for the outputs' copies on its own thread
     return runner

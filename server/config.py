@@ -158,7 +158,12 @@ class ServerConfig:
     hf_token: str | None = option(None, "Hugging Face Hub token (gated or private models)", secret=True)
     hf_api_token: str | None = option(None, "deprecated TEI spelling of --hf-token", secret=True)
     huggingface_hub_cache: str | None = option(None, "Hugging Face Hub cache directory (default: HF_HOME/hub)")
-    dense_path: str | None = option(None, "TEI: path of a Dense module", inert="Qwen3 checkpoints have no Dense module")
+    dense_path: str | None = option(
+        None, "TEI: the folder of the sentence-transformers Dense module applied after pooling (replaces the one "
+              "modules.json names; without modules.json, adds it)")
+    rerank_template: str | None = option(
+        None, "serve a one-label score head or a causal LM as a reranker through this template (default: the one "
+              "its family publishes, if any)", choices=("qwen3-reranker", "bge-reranker-gemma"))
     prefix_cache_size: str = option(
         "auto", "cross-batch K/V cache of shared prefixes: 512MiB, 2GB, 8192tokens, a byte count, auto or 0 (off)")
     cpu_packed_weights: bool = option(

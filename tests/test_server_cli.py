@@ -205,7 +205,8 @@ def test_a_tei_launch_line_parses_with_teis_meaning():
     assert (config.uds_path, config.otlp_endpoint) == ("/tmp/tei-server", "http://otel:4317")
     assert (config.model_name, config.default_prompt_name, config.api_key) == ("qwen3-embed", "query", "sk-local")
     joined = "\n".join(notes)
-    assert "--disable-spans has no effect" in joined and "--dense-path has no effect" in joined
+    assert "--disable-spans has no effect" in joined and "--dense-path has no effect" not in joined
+    assert config.dense_path == "2_Dense"
     assert "ignoring HOSTNAME='3f2a9c1b7e4d'" in joined
 
 

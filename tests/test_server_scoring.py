@@ -60,7 +60,8 @@ def classifier(fixture_root):
 @pytest.fixture(scope="module")
 def reranker(fixture_root):
     d = fixtures.cached("tiny-llama-seq-cls", root=fixture_root)
-    runner = load_runner(str(d), device="cpu", dtype="float32")
+    # Llama publishes no reranker template: the operator names one (without it, a reward model)
+    runner = load_runner(str(d), device="cpu", dtype="float32", rerank_template="qwen3-reranker")
     srv = _start(d, runner, radix_mlp_threshold=1.0)
     yield srv, runner.tokenizer, _oracle(d, "LlamaForSequenceClassification")
     srv.stop()
@@ -133,9 +134,9 @@ def test_routes_the_head_cannot_serve_name_those_it_can(classifier, reward):
     info = httpx.get(url + "/info", timeout=60).json()
     assert info["head"] == "score" and "/predict" in info["routes"]
     assert info["model_type"] == {"classifier": {"id2label": {"0": "negative", "1": "neutral", "2": "positive"}}}
-    for path, body in (("/classify", {"input": "a"}), ("/", {"inputs": "a"}), ("/predict", {"inputs": "a"})):
+    for path, body in (("/rerank", {"query": "q", "texts": ["a"]}), ("/embed", {"inputs": "a"})):
         r = httpx.post(reward[0].url + path, json=body, timeout=60)
-        assert r.status_code == 400 and "/pooling" in r.text, (path, r.text)
+        assert r.status_code == 400 and "/pooling" in r.text and "/predict" in r.text, (path, r.text)
 
 
 def test_seq_cls_reranker_serves_rerank_and_score(reranker):

@@ -64,6 +64,8 @@ class ModelConfig:
     # a classification head's labels in row order (id2label; transformers' default is 2 labels)
     labels: tuple[str, ...] = ()
     bos_token_id: int | None = None  # config.json's; a template that starts with <bos> reads it
+    # config.json's; a score head reads the last token that is not this one (transformers' rule)
+    pad_token_id: int | None = None
     hidden_act: str = "silu"  # the gated MLP's activation: "silu" or "gelu_tanh" (Gemma)
     # Gemma2: score scale query_pre_attn_scalar ** -0.5, tanh soft-caps of attention logits and of
     # the lm_head's logits, and each layer's sliding window (None: full attention)
@@ -94,8 +96,11 @@ class ModelConfig:
         attention_bias = bool(d.get("attention_bias", False))
         biased = model_type in ("llama", "qwen3", *GEMMA) and attention_bias  # Mistral has no biases
         gemma2 = model_type == "gemma2"
-        if gemma2 and d.get("use_bidirectional_attention"):
+        if d.get("use_bidirectional_attention"):
             raise ValueError("use_bidirectional_attention is not served: attention here is causal")
+        if d.get("is_causal") is False:  # vLLM reads it so (the gte-Qwen2 family's bidirectional attention)
+            raise ValueError("config.json says is_causal false (bidirectional attention), which is not served: "
+                             "attention here is causal")
         return cls(
             model_type=model_type,
             architectures=tuple(d.get("architectures") or ()),
@@ -118,6 +123,7 @@ class ModelConfig:
             sliding_window=None if gemma2 else _sliding_window(d, model_type),
             labels=_labels(d),
             bos_token_id=int(d["bos_token_id"]) if isinstance(d.get("bos_token_id"), int) else None,
+            pad_token_id=int(d["pad_token_id"]) if isinstance(d.get("pad_token_id"), int) else None,
             hidden_act=act,
             query_pre_attn_scalar=float(d.get("query_pre_attn_scalar", 256)) if gemma2 else None,
             attn_logit_softcapping=_optional(d, "attn_logit_softcapping") if gemma2 else None,

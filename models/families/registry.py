@@ -9,9 +9,16 @@ Heads, from the architecture's suffix (the class transformers would build):
 - "Model" (or no `architectures`): the base model; serves embeddings.
 - "ForCausalLM": the language model; serves embeddings (sentence-transformers checkpoints such as
   Qwen3-Embedding name this class too) or a yes/no reranker (the lm_head's "yes" and "no" rows,
-  or "Yes" alone: the family's RerankSpec decides, see family_rerank).
-- "ForSequenceClassification": a `score` head [labels, E] on the last token; one label serves a
-  reranker (the seq-cls conversions of Qwen3-Reranker) or a reward model, more a classifier.
+  or "Yes" alone: the template's RerankSpec decides, see rerank_template_for / rerank_spec).
+- "ForSequenceClassification": a `score` head [labels, E] on the last non-pad token; more than
+  one label serves a classifier; one label a reward model (its score raw), or a reranker where a
+  template is known for it.
+
+Reranker templates: a checkpoint is served through the rerank routes only with a template its
+own family publishes for its head (RERANK_TEMPLATES: Qwen3-Reranker and its seq-cls conversions;
+bge-reranker-v2-gemma), or one the operator names (--rerank-template); never another family's
+by default. A one-label score head without one is a reward model; a ForCausalLM without
+sentence-transformers files and without one is refused (it would be neither).
 """
 from __future__ import annotations
 
@@ -85,12 +92,50 @@ def resolve(model_type: str, architectures: tuple[str, ...]) -> Entry:
     return Entry(family=FAMILIES[model_type], architecture=arch, head=head, kinds=HEADS[head])
 
 
-def default_kind(entry: Entry, labels: int) -> str | None:
-    """The kind a score head serves unless told: one label a reranker, more a classifier; None
-    for other heads (the checkpoint directory decides: models/checkpoint/directory.py)."""
+# (model_type, head) -> the reranker template the family publishes for that head
+RERANK_TEMPLATES: dict[tuple[str, str], str] = {
+    ("qwen3", "ForCausalLM"): "qwen3-reranker",  # Qwen3-Reranker (yes/no)
+    ("qwen3", SCORE_HEAD): "qwen3-reranker",  # its seq-cls conversions (one label: yes - no)
+    ("gemma", "ForCausalLM"): "bge-reranker-gemma",  # BAAI bge-reranker-v2-gemma ("Yes")
+    ("gemma2", "ForCausalLM"): "bge-reranker-gemma",
+}
+# template name -> the family module whose RERANK spec (words, default instruction) it is
+TEMPLATE_SPECS: dict[str, str] = {"qwen3-reranker": "qwen3", "bge-reranker-gemma": "gemma"}
+
+
+def rerank_template_for(entry: Entry, model_type: str, override: str | None = None) -> str | None:
+    """The reranker template this checkpoint is served with: the operator's, else the one its
+    family publishes for its head; None when neither (UnsupportedArchitecture for an unknown name)."""
+    if override is not None:
+        if override not in TEMPLATE_SPECS:
+            raise UnsupportedArchitecture(
+                f"unknown reranker template {override!r}; known: {', '.join(TEMPLATE_SPECS)}")
+        return override
+    return RERANK_TEMPLATES.get((model_type, entry.head))
+
+
+def check_remote_code(raw: dict[str, Any]) -> None:
+    """Refuse a checkpoint whose config.json maps a model class to the repository's own Python
+    (``auto_map``): sentence-transformers and transformers run that code (trust_remote_code), and
+    its attention mask or pooling may differ from the family served here (gte-Qwen2, stella,
+    NV-Embed), so serving it through our family would be wrong in silence."""
+    auto = raw.get("auto_map") or {}
+    remote = sorted(k for k in auto if str(k).startswith("AutoModel"))
+    if remote:
+        raise UnsupportedArchitecture(
+            f"config.json's auto_map runs remote code for {remote[0]} ({auto[remote[0]]!r}); its attention and "
+            f"pooling are the repository's own Python, which this server does not run")
+
+
+def default_kind(entry: Entry, labels: int, *, template: str | None = None) -> str | None:
+    """The kind a score head serves unless told: one label a reranker where a template is known
+    (``template``), else a reward model; more labels a classifier. None for other heads (the
+    checkpoint directory decides: models/checkpoint/directory.py)."""
     if entry.head != SCORE_HEAD:
         return None
-    return "reranker" if labels == 1 else "classifier"
+    if labels != 1:
+        return "classifier"
+    return "reranker" if template is not None else "reward"
 
 
 def check_kind(entry: Entry, kind: str, labels: int = 0) -> None:
@@ -104,6 +149,21 @@ def check_kind(entry: Entry, kind: str, labels: int = 0) -> None:
         raise UnsupportedArchitecture(
             f"a {kind} reads one score, but {entry.architecture!r} has {labels} labels; serve it "
             f"as a classifier")
+
+
+def check_template(entry: Entry, kind: str, template: str | None, *, given: bool) -> None:
+    """Refuse a reranker without a template (it would be scored through another family's layout)
+    and a --rerank-template on a checkpoint that is not served as a reranker."""
+    if kind == "reranker" and template is None:
+        what = ("a yes/no reranker (a causal LM without sentence-transformers files)" if entry.head != SCORE_HEAD
+                else "a reranker")
+        raise UnsupportedArchitecture(
+            f"{entry.architecture or '(base model)'!r} would be served as {what}, but its family publishes no "
+            f"reranker template; name one with --rerank-template ({', '.join(TEMPLATE_SPECS)})"
+            + (", or serve its score head as a reward model" if entry.head == SCORE_HEAD else
+               ", or add sentence-transformers files (modules.json) for an embedding model"))
+    if given and kind != "reranker":
+        raise UnsupportedArchitecture(f"--rerank-template applies to a reranker, not to this {kind}")
 
 
 def build_model(entry: Entry, cfg: Any, ops: Any, *, rope_device: Any, lm_head: bool = False,
@@ -123,10 +183,10 @@ def family_spec(entry: Entry, cfg: Any) -> "AttentionSpec":
     return module.attention_spec(cfg)
 
 
-def family_rerank(entry: Entry, *, log_choice: bool = False) -> "RerankSpec":
-    """The family's yes/no reranker spec (its module's RERANK): template, words, instruction.
+def rerank_spec(template: str, entry: Entry, *, log_choice: bool = False) -> "RerankSpec":
+    """The RerankSpec (template, words, instruction) of a template name (rerank_template_for's).
     ``log_choice``: say which template and score the loaded reranker uses (start-up log)."""
-    spec: "RerankSpec" = importlib.import_module(f"models.families.{entry.family}").RERANK
+    spec: "RerankSpec" = importlib.import_module(f"models.families.{TEMPLATE_SPECS[template]}").RERANK
     if log_choice:
         score = f"logit({spec.yes!r})" + (f" - logit({spec.no!r})" if spec.no else " alone")
         log.info("reranker template %s for %s (family %s): score %s", spec.template,

@@ -242,7 +242,7 @@ class TeiRoutes:
                            out.usage.headers())
 
     async def dispatch(self, request: Request) -> Response:
-        if self.service.runner.kind == "classifier":
+        if self.service.runner.kind in ("classifier", "reward"):  # a reward model: TEI's /predict
             return await self.predict(request)
         if self.service.runner.kind == "reranker":
             return await self.answer_any_rerank(request, self.service.begin("rerank"), pick=root_rerank_body)
@@ -307,7 +307,7 @@ class TeiRoutes:
             "wrong_model",
             f"{path} serves {what}; this server serves dense embeddings and rerankers, and classification "
             f"heads (it runs a {self.service.runner.kind} model, {self.service.runner.model_id}): use "
-            f"{use_instead(self.service.runner.kind)}",
+            f"{use_instead(self.service.runner.kind, self.service.runner.head)}",
         )
 
     async def healthy(self) -> Response:
@@ -343,6 +343,7 @@ def build_router(service: Service, *, model_name: str, infinity_root: bool = Fal
 def add_dispatch(router: APIRouter, tei: TeiRoutes) -> None:
     """POST / and /invocations, documented as the route they dispatch to."""
     kind = tei.service.runner.kind
+    kind = "classifier" if kind == "reward" else kind  # a reward model answers / as /predict
     targets = {"reranker": "/rerank", "classifier": "/predict"}.get(kind, "/embed or /similarity")
     response: Any = {"reranker": Union[list[Rank], DocumentsRerankResponse],
                      "classifier": Union[list[Prediction], list[list[Prediction]]]}.get(

@@ -5,7 +5,8 @@
 one-label head), label the most probable one's id2label name. /score (a reranker): `text_1`
 against one or many `text_2` (one text_1 for all, or one per text_2) -> {id, object: "list",
 created, model, data: [{index, object: "score", score}], usage} in input order; score =
-sigmoid(raw score) unless `use_activation` is false. /pooling (a reward model): `input` ->
+sigmoid(raw score) unless `use_activation` is false; a one-label score head without a reranker
+template (a reward model) scores the pair as the tokenizer joins two texts, as vLLM does. /pooling (a reward model): `input` ->
 {id, object: "list", created, model, data: [{index, object: "pooling", data: [raw score]}],
 usage}. `truncate_prompt_tokens` n keeps each input's last n tokens (-1: the server's maximum);
 without it, --auto-truncate decides. usage: {prompt_tokens, total_tokens, completion_tokens: 0,
@@ -25,7 +26,7 @@ from server.schemas.vllm import ClassifyRequest, PoolingRequest, ScoreRequest
 from server.service import scoring
 from server.service.core import Service
 from server.service.encoding import RECORD_VALUES, dumps, json_answer, render
-from server.service.results import Usage, sigmoid
+from server.service.results import Scores, Usage, sigmoid
 
 
 def _usage(usage: Usage) -> dict:
@@ -100,8 +101,13 @@ class VllmRoutes:
         if cap is not None:
             raise ApiError("validation", "truncate_prompt_tokens on /score may only be -1 (cut each pair's "
                                          "document to the server's maximum)")
-        result = await scoring.pair_scores(service, request, call, pairs, instruction=self.service.runner.rerank_instruction,
-                                           truncate=truncate, direction="right")
+        if service.runner.kind == "reranker":  # the reranker's template
+            result = await scoring.pair_scores(service, request, call, pairs,
+                                               instruction=self.service.runner.rerank_instruction,
+                                               truncate=truncate, direction="right")
+        else:  # a one-label score head without a template: the tokenizer's pair (vLLM's cross-encoder)
+            out = await scoring.logits(service, request, call, pairs, truncate=truncate, direction="right")
+            result = Scores([float(v) for v in out.values[:, 0]], out.usage)
         activate = body.use_activation is not False
 
         def build() -> bytes:

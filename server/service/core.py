@@ -30,7 +30,7 @@ from server.http.request_id import request_id
 from server.memory import MemoryBudget, estimate
 from server.service.contract import ServedRunner, ServedScheduler
 from server.service.encoding import render
-from server.service.heads import use_instead
+from server.service.heads import routes, use_instead
 from server.service.model_names import ModelNames
 from server.service.permits import Permits
 from server.service.results import (Embeddings, Scores, Similarities, TokenStates, Usage, cosines,
@@ -90,8 +90,8 @@ class Service:
         return Call(method, time.perf_counter() if start is None else start)
 
     def require(self, kind: str, route: str) -> None:
-        if self.runner.kind != kind:
-            other = use_instead(self.runner.kind)  # every route this model's head serves
+        if self.runner.kind != kind and route not in routes(self.runner.kind, self.runner.head):
+            other = use_instead(self.runner.kind, self.runner.head)  # every route this model's head serves
             raise ApiError(
                 "wrong_model",
                 f"{route} needs a model of kind {kind!r}, but this server runs a model of kind "
@@ -205,7 +205,9 @@ class Service:
                         direction: str) -> TokenStates:
         """Every token's final hidden state; at most ``max_display_tokens`` tokens and
         ``max_embed_all_floats`` output floats per request (422 naming the limit)."""
-        cap, width, floats = self.limits.max_display_tokens, self.runner.hidden_size, self.limits.max_embed_all_floats
+        # NOTE: token states are the model's width, not the Dense modules' (runner.hidden_size)
+        cap, width, floats = (self.limits.max_display_tokens, self.runner.config.hidden_size,
+                              self.limits.max_embed_all_floats)
 
         async def encode() -> Items:
             items = await self.tok.embedding_inputs(texts, prompt=prompt, truncate=truncate, direction=direction)

@@ -20,13 +20,22 @@ ROUTES: dict[str, tuple[str, ...]] = {
 }
 
 
-def routes(kind: str) -> tuple[str, ...]:
-    return ROUTES.get(kind, ())
+# what every one-label score head serves, reranker or reward model: TEI scores it through /predict,
+# vLLM through /classify, /pooling and /score (a pair joined by the tokenizer without a template)
+SINGLE_SCORE: tuple[str, ...] = ("/predict", "/classify", "/pooling", "/score", "/v1/score")
 
 
-def use_instead(kind: str) -> str:
+def routes(kind: str, head: str = "") -> tuple[str, ...]:
+    """The POST routes a model of this kind and head serves."""
+    served = ROUTES.get(kind, ())
+    if head == "score" and kind in ("reranker", "reward"):
+        return served + tuple(r for r in SINGLE_SCORE if r not in served)
+    return served
+
+
+def use_instead(kind: str, head: str = "") -> str:
     """The routes a client should call instead, in words: "/rerank or /v1/rerank (also: ...)"."""
-    served = routes(kind)
+    served = routes(kind, head)
     head = " or ".join(served[:2]) or "none"
     return head + (f" (also: {', '.join(served[2:])})" if served[2:] else "")
 
@@ -41,6 +50,6 @@ def model_type(runner: ServedRunner) -> dict:
         return {"reranker": {"score": score, "template": runner.rerank_template}}
     if runner.kind == "reranker":
         return {"reranker": {"score": "sigmoid(score head)", "template": runner.rerank_template}}
-    if runner.kind == "reward":
-        return {"reward": {"score": "score head, raw"}}
+    if runner.kind == "reward":  # no reranker template: the rerank routes are not served
+        return {"reward": {"score": "score head, raw", "template": None}}
     return {"classifier": {"id2label": dict(enumerate(runner.labels))}}

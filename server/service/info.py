@@ -59,7 +59,7 @@ def build_info(config: ServerConfig, runner: ServedRunner, *, max_input_length: 
         "model_dtype": str(runner.dtype).replace("torch.", ""),
         "model_type": model_type(runner),
         "head": runner.head,  # what produces the answer: pooling, yes-no (lm_head rows), score
-        "routes": list(heads.routes(runner.kind)),  # the POST routes that run this model
+        "routes": list(heads.routes(runner.kind, runner.head)),  # the POST routes that run this model
         "max_concurrent_requests": config.max_concurrent_requests,
         "max_input_length": max_input_length,
         "max_batch_tokens": config.max_batch_tokens,
