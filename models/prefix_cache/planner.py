@@ -69,21 +69,23 @@ class BatchPlanner:
     def add(self, start: int, end: int, root: int | bytes, shared: int) -> None:
         """Plan the sequence of batch rows start..end-1 in namespace `root` (0: the shared one),
         whose first `shared` tokens equal the previous sequence's."""
-        block = self.block
+        block, prev_chain, prev_cached = self.block, self.prev_chain, self.prev_cached
         n_full = (end - start) // block  # its complete blocks
         # step 1: the leading complete blocks equal to the previous sequence's
-        reused = min(shared // block, n_full, len(self.prev_chain))
-        if reused > self.prev_cached:
+        reused = min(shared // block, n_full, len(prev_chain))
+        if reused > prev_cached:
             # past its cached chain the previous sequence missed at the same key: no look-up to redo
-            cached, chain, rows = self.prev_cached, self.prev_chain[:reused], self.prev_rows
+            cached, chain, rows = prev_cached, prev_chain[:reused], self.prev_rows
         else:
-            chain, rows = self.prev_chain[:reused], self.prev_rows[:reused]
-            cached = self._look_up_chain(chain, rows, root, start, n_full)
+            chain, rows = prev_chain[:reused], self.prev_rows[:reused]
+            cached = self._look_up_chain(chain, rows, root, start, n_full) if reused < n_full else reused
         self.run_rows.extend(rows)
         after = start + cached * block  # its first token past the cached chain
         # the last token is always computed, so a partial match needs at most n-1 tokens
         most = min(block - 1, end - 1 - after)
-        partial = self._look_up_partial(chain[cached - 1] if cached else None, root, after, most) if most > 0 else 0
+        partial = 0
+        if most > 0:
+            partial = self._look_up_partial(chain[cached - 1] if cached else None, root, after, most)
         self.matched.append(cached * block + partial)
         self._write_blocks(chain, root, start, end)
         self.prev_chain, self.prev_rows, self.prev_cached = chain, rows, cached
@@ -102,7 +104,8 @@ class BatchPlanner:
                        n_full: int) -> int:
         """Step 2: extend `chain`, and `rows` with their first pool rows, by the cached complete
         blocks that follow it, pinning each; returns the length of the cached chain."""
-        index, pin, raw, block, width = self.index, self._pin, self.raw, self.block, self.width
+        index, pin, mark = self.index, self._pin, self.mark
+        raw, block, width = self.raw, self.block, self.width
         cached = len(chain)
         parent_key = chain[-1].id if chain else root
         at = 4 * start + cached * width  # the next block's first byte in raw
@@ -110,7 +113,8 @@ class BatchPlanner:
             found = index.get((parent_key, raw[at:at + width]))
             if found is None:
                 break
-            pin(found)
+            if found.mark != mark:  # not pinned by this plan yet
+                pin(found)
             chain.append(found)
             rows.append(found.slot * block)
             parent_key, cached, at = found.id, cached + 1, at + width
@@ -143,22 +147,31 @@ class BatchPlanner:
         tokens) by a block for each remaining complete block, the batch's own when an earlier
         sequence chose it, else a new one; then step 5. A pool full of pinned blocks stops the
         sequence's writes at the first block it cannot place (and leaves out its tail)."""
-        raw, block, width = self.raw, self.block, self.width
+        block = self.block
         n_full = (end - start) // block
         depth = len(chain)
         parent = chain[-1] if chain else None
-        parent_key = parent.id if parent is not None else root
-        at = 4 * (start + depth * block)  # the next block's first byte in raw
         fresh = False  # the sequence made a block: no block of the batch sits under it yet
         if depth < n_full:
-            pending, new_block = self.pending, self._new_block
+            raw, width, pending = self.raw, self.width, self.pending
+            free, evict, next_id = self.free, self.evict, self.next_id
+            add_new, add_start = self.new_blocks.append, self.write_starts.append
+            add_slot = self.write_slots.append
+            parent_key = parent.id if parent is not None else root
+            at = 4 * (start + depth * block)  # the next block's first byte in raw
             while depth < n_full:
                 key = (parent_key, raw[at:at + width])
                 own = None if fresh else pending.get(key)
                 if own is None:
-                    own = new_block(key, parent, root, depth, start + depth * block)
-                    if own is None:
+                    # NOTE: `_new_block` written out: the per-block loop makes no call of its own
+                    slot = free.pop() if free else evict()
+                    if slot is None:
                         return  # every slot pinned or pending: nothing deeper is written
+                    own = pending[key] = Block(next_id(), parent, key[1], depth, slot,
+                                               0 if parent is not None else root)
+                    add_new(own)
+                    add_start(start + depth * block)
+                    add_slot(slot)
                     fresh = True
                 chain.append(own)
                 parent, parent_key, depth, at = own, own.id, depth + 1, at + width
@@ -185,7 +198,7 @@ class BatchPlanner:
                    first_row: int) -> Block | None:
         """A block of the batch for `key` at `depth`, its rows from batch row `first_row` written
         to a free slot or to the least recently used unpinned block's (evicted); None when every
-        slot is pinned or pending."""
+        slot is pinned or pending. (`_write_blocks` does the same inline.)"""
         free = self.free
         slot = free.pop() if free else self.evict()
         if slot is None:
