@@ -179,7 +179,7 @@ def main(argv=None) -> int:
     if args.weights:
         return _weights_main(runner, args, model_dir)
     if args.profile:
-        print(f"# one radix-off batch, {model_dir}, {torch.get_num_threads()} threads, linears: {runner.linear}")
+        print(f"# one radix-off batch, {model_dir}, {torch.get_num_threads()} threads, linears: {runner.report.linear}")
         for op, ms, share, calls in profile_off(runner):
             print(f"{op:55s} {ms:9.1f} ms {100 * share:5.1f}% {calls:5d} calls")
         return 0

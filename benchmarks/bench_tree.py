@@ -97,7 +97,7 @@ def _pair(model: str, layers: int, kind: str | None = None) -> dict[str, Runner]
     path = fixtures.cached(model, layers=layers, kind=kind)
     base = load_runner(str(path), device="cpu", dtype="float32", prefix_cache_size=0,
                        radix_mlp_threshold=1.0)
-    _force_kernel(base.cpu_attention)
+    _force_kernel(base.report.cpu_attention)
     return {"flat": dataclasses.replace(base, tree_attention="off"),
             "tree": dataclasses.replace(base, tree_attention="auto")}
 
@@ -191,7 +191,7 @@ def _long_case(size: str, tree: str, layers: int) -> None:
     extra: dict[str, Any] = {} if tree == "-" else {"tree_attention": tree}
     runner = load_runner(str(fixtures.cached("qwen3-0.6b", layers=layers)), device="cpu",
                          dtype="float32", prefix_cache_size=size, **extra)
-    _force_kernel(getattr(runner, "cpu_attention", "-"))
+    _force_kernel(getattr(getattr(runner, "report", runner), "cpu_attention", "-"))  # older: on the runner
     rng = np.random.default_rng(0)
     head = rng.integers(100, 5000, 20).tolist()
     runner.run(runner.prepare(*_pack([head + rng.integers(100, 5000, 12).tolist()])))

@@ -7,8 +7,9 @@ figure depends on: the measurement's kind and shapes, the CPU (model name and fl
 instruction set the libraries may use (torch's CPU capability and the ISA caps set in the
 environment: ``ATEN_CPU_CAPABILITY``, ``ONEDNN_MAX_CPU_ISA``, ``MKL_ENABLE_INSTRUCTIONS``...; a
 process capped to AVX2 on an AVX-512 CPU runs other kernels, so it measures its own), torch's
-version and build, the thread count, the dtype, and a hash of the source of the modules whose
-kernels were timed (a changed kernel is measured again). A missing, unreadable or foreign entry is
+version and build, the thread count, the dtype, and the names of the modules whose kernels were
+timed with a hash of their source (a changed kernel is measured again, and so is a moved one: an
+entry stored under a module's old name is never read under its new one). A missing, unreadable or foreign entry is
 a miss: the measurement runs and the entry is written (atomically; a failed write only logs).
 
 ``RADIXSERVE_MEASURE_CACHE``: unset, the file is ``$XDG_CACHE_HOME/radixserve/measurements.json``
@@ -89,10 +90,11 @@ def _source_hash(modules: tuple[str, ...]) -> str:
 
 
 def key(kind: str, *, modules: tuple[str, ...], dtype: torch.dtype, **shape: Any) -> str:
-    """The entry's key: `kind`, `shape`, and the machine, ISA caps, torch, threads, dtype and code."""
+    """The entry's key: `kind`, `shape`, and the machine, ISA caps, torch, threads, dtype, and the
+    timed modules' names and source."""
     parts = {"kind": kind, "cpu": _cpu(), "isa": _isa(), "torch": f"{torch.__version__} {torch.version.git_version}",
-             "threads": torch.get_num_threads(), "dtype": str(dtype), "code": _source_hash(modules),
-             "shape": shape}
+             "threads": torch.get_num_threads(), "dtype": str(dtype), "modules": list(modules),
+             "code": _source_hash(modules), "shape": shape}
     return json.dumps(parts, sort_keys=True, default=str)
 
 

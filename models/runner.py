@@ -10,6 +10,7 @@ through the trie's scatter (never an uncompacted forward); their batch skips the
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 
@@ -27,10 +28,11 @@ from models.checkpoint.loader import (default_device, describe_memory, load_weig
                            resolve_model_dir)
 from models.options import KINDS, POOLINGS, RADIX_ATTENTION, check_radix_mlp_threshold, use_index
 from models.pooling import classify_logits, cut_trailing_pad, pool, rerank_logits, token_states
+from models.report import RunnerReport
 from models.prefix_cache import DEFAULT_SIZE, PrefixCache, cache_refusal, capacity_tokens
 from models.prefix_setup import head_pooling, start_prefix_cache
 from models.attention.paths import cpu_attention_kernel, select_paths
-from models.startup import StartupClock, clock_for_load
+from models.startup import clock_for_load
 from models.families.layers import AttentionOps
 from models.families.protocol import ScoringModel
 from models import streams
@@ -80,7 +82,6 @@ class Runner:
     pooling: str
     radix_attention: str
     attention_backend: str
-    kernels: str
     max_positions: int
     hidden_size: int  # the answer's width: the last Dense module's out_features, else the model's
     prompts: dict[str, str] = field(default_factory=dict)
@@ -94,24 +95,12 @@ class Runner:
     no_id: int | None = None
     radix_mlp_threshold: float = 0.95  # the trie gate (models.options.use_index)
     prefix_cache: PrefixCache | None = None  # None: off (size 0, or a mode it cannot serve)
-    # {backend: why it is not the one running} (start-up log, /info attention_backend_rejected)
-    attention_rejected: dict[str, str] = field(default_factory=dict)
-    warmup_ms: float | None = None
     # tree attention for compact batches: "auto" (per batch, by estimated cost), "on", "off";
-    # tree_path is the kernel path chosen at build (None: unavailable, tree_rejected says why)
+    # tree_path is the kernel path chosen at build (None: unavailable, report.tree_rejected says why)
     tree_attention: str = "auto"
     tree_path: TreeBackend | None = None
-    tree_rejected: dict[str, str] = field(default_factory=dict)
-    linear: str = "F.linear"  # the CPU linear kernel chosen at load (models.linear.select)
-    linear_choice: str = ""  # cpu_weights and why that kernel: "int8: int8-dynamic (1.31x ...)"
-    # the CPU's attention blocks: "flash (why)" or "onednn-tiles ..." (attention_lse.select_cpu_kernel)
-    cpu_attention: str = "flash"
-    # weights_bytes; on CUDA allocated_bytes and reserved_bytes after load (models.checkpoint.loader.memory_report)
-    memory: dict[str, int] = field(default_factory=dict)
-    # the prefix cache's size: tokens, bytes, bytes_per_token and why (`auto`'s rule and figures)
-    prefix_cache_report: dict = field(default_factory=dict)
-    # launch to healthy per stage (models/startup.py); warm_up adds its own and the total
-    startup: StartupClock = field(default_factory=StartupClock)
+    # what load and warm-up chose and measured, for /info and logs (models/report.py)
+    report: RunnerReport = field(default_factory=RunnerReport)
     # run() may return a HostCopy on CUDA (the scheduler settles it on its own thread); off: run waits
     defer_copies: bool = False
     dense: DenseStack | None = None  # sentence-transformers Dense modules after pooling (models/dense.py)
@@ -120,13 +109,13 @@ class Runner:
     def attention_report(self) -> dict:
         """Which attention backend runs and why the others do not (for /info and logs)."""
         return {"attention_backend": self.attention_backend,
-                "attention_backend_rejected": dict(self.attention_rejected),
+                "attention_backend_rejected": dict(self.report.attention_rejected),
                 "tree_attention": self.tree_report}
 
     @property
     def tree_report(self) -> str:
         """E.g. "auto (cpu-flash)", or "off (...)" with why no path is available."""
-        return describe_tree(self.tree_attention, self.tree_path, self.tree_rejected, self.device)
+        return describe_tree(self.tree_attention, self.tree_path, self.report.tree_rejected, self.device)
 
     def prepare(self, input_ids, cu_seqlens, *, all_tokens=None, namespaces=None) -> PreparedBatch:
         """Host side: input_ids int [N], cu_seqlens int [B+1] -> everything the forward needs.
@@ -203,8 +192,8 @@ class Runner:
     def warm_up(self, *, max_tokens: int) -> dict:
         """The serving path once on the calling thread (the worker's): models/warmup.py."""
         figures = warm_up(self, max_tokens=max_tokens)
-        self.startup.add("warm-up", figures["ms"] / 1e3)
-        self.startup.finish()
+        self.report.startup.add("warm-up", figures["ms"] / 1e3)
+        self.report.startup.finish()
         return figures
 
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
@@ -360,19 +349,19 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     runner = Runner(
         kind=kind, model_id=str(model_id), config=cfg, tokenizer=tokenizer, model=model,
         device=device, dtype=dtype, pooling=pooling,
-        radix_attention=radix_attention, attention_backend=backend.name,
-        kernels=kernels.describe(device), max_positions=max_positions,
-        hidden_size=dense.out_features if dense is not None else cfg.hidden_size, prompts=prompts, default_prompt_name=default_prompt_name,
-        yes_id=yes_id, no_id=no_id, head=head, labels=labels,
+        radix_attention=radix_attention, attention_backend=backend.name, max_positions=max_positions,
+        hidden_size=dense.out_features if dense is not None else cfg.hidden_size, prompts=prompts,
+        default_prompt_name=default_prompt_name, yes_id=yes_id, no_id=no_id, head=head, labels=labels,
         rerank_template=rerank.template if rerank else "",
         rerank_instruction=rerank.instruction if rerank else "", radix_mlp_threshold=radix_mlp_threshold,
-        attention_rejected=dict(backend.rejected), linear=linear.kernel, memory=memory,
-        linear_choice=f"{linear.weights}: {linear.report}",
-        tree_attention=tree_attention, tree_path=tree_path, tree_rejected=tree_rejected,
-        cpu_attention=cpu_attention, startup=clock, dense=dense,
+        tree_attention=tree_attention, tree_path=tree_path, dense=dense,
+        report=RunnerReport(attention_rejected=dict(backend.rejected), tree_rejected=tree_rejected,
+                            kernels=kernels.describe(device), linear=linear.kernel,
+                            linear_choice=f"{linear.weights}: {linear.report}", cpu_attention=cpu_attention,
+                            memory=memory, startup=clock),
     )
-    runner.prefix_cache, runner.prefix_cache_report = start_prefix_cache(runner, prefix_cache_size,
-                                                                         max_batch_tokens=max_batch_tokens)
+    runner.prefix_cache, cache_report = start_prefix_cache(runner, prefix_cache_size, max_batch_tokens=max_batch_tokens)
+    runner.report = dataclasses.replace(runner.report, prefix_cache=cache_report)
     clock.mark("cache allocation")
     return runner
 

@@ -90,16 +90,17 @@ def warm_cache(runner: Any) -> str:
 
 
 def warm_up(runner: Any, *, max_tokens: int) -> dict:
-    """The serving path once, on this thread; sets ``runner.warmup_ms``, logs it, returns figures."""
+    """The serving path once, on this thread; sets ``runner.report.warmup_ms``, logs it, returns figures."""
     device = runner.device
     tokens = max_tokens if device.type == "cuda" else min(max_tokens, CPU_TOKENS)
     t0 = time.perf_counter()
     peak = peak_forward(runner, tokens)
     cache_note = warm_cache(runner)
-    runner.warmup_ms = (time.perf_counter() - t0) * 1e3
+    ms = (time.perf_counter() - t0) * 1e3
+    runner.report = dataclasses.replace(runner.report, warmup_ms=ms)
     what = "peak allocated" if device.type == "cuda" else "peak RSS"
     log.info("warm-up on thread %s: %.1f ms; a %d-token batch with shared prefixes (%s attention%s); %s; "
-             "%s %.2f GiB", threading.current_thread().name, runner.warmup_ms, tokens, runner.radix_attention,
+             "%s %.2f GiB", threading.current_thread().name, ms, tokens, runner.radix_attention,
              "" if tokens == max_tokens else f", capped from {max_tokens} on the CPU", cache_note, what,
              peak / 2**30)
-    return {"ms": runner.warmup_ms, "tokens": tokens, "peak_bytes": peak, "thread": threading.current_thread().name}
+    return {"ms": ms, "tokens": tokens, "peak_bytes": peak, "thread": threading.current_thread().name}

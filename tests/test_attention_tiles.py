@@ -141,10 +141,10 @@ def test_a_wrong_tile_kernel_fails_its_self_test(monkeypatch):
 def test_the_real_measurement_decides_and_is_reported(tiny_reranker_dir):
     """On this machine, whichever way it goes: the runner reports it, /info-ready."""
     runner = load_runner(str(tiny_reranker_dir), device="cpu", dtype="float32")
-    assert runner.cpu_attention.startswith(("onednn-tiles for large blocks (", "flash (oneDNN tiles ran"))
-    assert attention_tiles._state["on"] == runner.cpu_attention.startswith("onednn-tiles")
+    assert runner.report.cpu_attention.startswith(("onednn-tiles for large blocks (", "flash (oneDNN tiles ran"))
+    assert attention_tiles._state["on"] == runner.report.cpu_attention.startswith("onednn-tiles")
     off = load_runner(str(tiny_reranker_dir), device="cpu", dtype="float32", cpu_packed_weights=False)
-    assert off.cpu_attention == "flash (cpu_packed_weights off)" and not attention_tiles._state["on"]
+    assert off.report.cpu_attention == "flash (cpu_packed_weights off)" and not attention_tiles._state["on"]
 
 
 @contextlib.contextmanager

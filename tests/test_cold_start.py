@@ -49,12 +49,12 @@ def test_the_stage_report_has_every_stage_and_sums_to_at_most_the_total(tiny_emb
     clock = startup.begin_process()
     clock.mark("import")
     runner = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32")
-    assert runner.startup is clock
+    assert runner.report.startup is clock
     clock.mark("app")
     clock.mark("freeze")
     with caplog.at_level("INFO", logger="models.runner"):
         runner.warm_up(max_tokens=64)
-    seconds = runner.startup.seconds
+    seconds = runner.report.startup.seconds
     assert set(seconds) == {*startup.STAGES, "total"}
     assert all(v >= 0 for v in seconds.values())
     assert sum(seconds[s] for s in startup.STAGES) <= seconds["total"] + 1e-3  # rounding to 0.1 ms
@@ -65,10 +65,10 @@ def test_the_stage_report_has_every_stage_and_sums_to_at_most_the_total(tiny_emb
 
     info = build_info(ServerConfig(model_id=str(tiny_embedding_dir)), runner, max_input_length=64,
                       tokenization_workers=2)
-    assert info["startup"] is runner.startup.seconds  # /info reads the live record
+    assert info["startup"] is runner.report.startup.seconds  # /info reads the live record
     # a runner loaded later (no command line) times its own stages only
     other = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32")
-    assert other.startup is not clock and set(other.startup.seconds) == {
+    assert other.report.startup is not clock and set(other.report.startup.seconds) == {
         "config", "weights", "kernel choices", "cache allocation"}
 
 

@@ -151,7 +151,7 @@ def test_model_bf16_radix_vs_off(gpu_fixture_dirs, kind, mode, device, gather_im
     ids, cu = _batch()
     runner = _runner(gpu_fixture_dirs[kind], mode=mode, device=device)
     assert runner.device.type == device and runner.dtype == torch.bfloat16
-    assert runner.kernels.startswith("cuda gather kernel") == (gather_impl == "cuda")
+    assert runner.report.kernels.startswith("cuda gather kernel") == (gather_impl == "cuda")
     off = _outputs(runner, ids, cu, radix=False)
     radix = _outputs(runner, ids, cu, radix=True)
     ref = _outputs(_runner(gpu_fixture_dirs[kind], mode=mode, dtype=torch.float32, device=device),
@@ -174,8 +174,8 @@ def test_model_forward_has_no_host_sync(gpu_fixture_dirs, mode, gather_impl, dty
     monkeypatch.setenv("RADIXSERVE_GATHER_IMPL", gather_impl)
     runner = _runner(gpu_fixture_dirs["embedding"], mode=mode, dtype=dtype)
     if dtype == torch.float32:  # no fused flash kernel in fp32: one call per layer, not per run
-        assert runner.attention_backend in ("efficient-varlen", "sdpa-padded"), runner.attention_rejected
-    assert runner.kernels.startswith("cuda gather kernel") == (gather_impl == "cuda")
+        assert runner.attention_backend in ("efficient-varlen", "sdpa-padded"), runner.report.attention_rejected
+    assert runner.report.kernels.startswith("cuda gather kernel") == (gather_impl == "cuda")
     ids, cu = _batch(seed=1)
     for radix in (False, True):
         gated = dataclasses.replace(runner, radix_mlp_threshold=1.0 if radix else 0.0)

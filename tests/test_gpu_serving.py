@@ -124,7 +124,7 @@ def test_a_device_side_fault_ends_the_process_with_status_70(tiny_dir):
 
 def test_reserved_after_load_is_within_a_bound_of_the_weights(qwen06_dir):
     runner = load_runner(str(qwen06_dir), device="cuda", dtype="bfloat16", prefix_cache_size=0)
-    mem = runner.memory
+    mem = runner.report.memory
     factor, slack = RESERVED_BOUND
     assert mem["allocated_bytes"] >= mem["weights_bytes"]
     assert mem["reserved_bytes"] <= mem["weights_bytes"] * factor + slack, mem
@@ -229,7 +229,7 @@ def test_auto_sizes_the_prefix_cache_from_free_device_memory(tiny_dir):
     from models.prefix_cache.size import AUTO_DEVICE_FRACTION
 
     runner = load_runner(str(tiny_dir), device="cuda", dtype="bfloat16", max_batch_tokens=8192)
-    report, cache = runner.prefix_cache_report, runner.prefix_cache
+    report, cache = runner.report.prefix_cache, runner.prefix_cache
     assert cache is not None and cache.k.device.type == "cuda"
     assert report["why"].startswith(f"auto: {AUTO_DEVICE_FRACTION:.0%} of ") and "8192-token forward" in report["why"]
     total = torch.cuda.get_device_properties(0).total_memory

@@ -115,7 +115,7 @@ def test_the_server_frees_the_dense_weights_and_reports_the_choice(fixture_root)
                          cpu_weights="int8", keep_dense_weights=False)
     layers = [m for m in runner.model.modules() if getattr(m, "kernel", None) is not None]
     assert layers and all(m.weight.numel() == 0 for m in layers)
-    assert runner.linear == "int8-dynamic" and runner.linear_choice.startswith("int8: int8-dynamic")
+    assert runner.report.linear == "int8-dynamic" and runner.report.linear_choice.startswith("int8: int8-dynamic")
     ids, cu = _batch(runner.config.vocab_size, seed=3, texts=3)
     with torch.enable_grad():  # the autograd path runs F.linear on the dequantized weight
         grad_path = runner.forward(runner.prepare(ids, cu).forward)

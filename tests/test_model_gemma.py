@@ -79,7 +79,7 @@ def test_paths_that_cannot_serve_gemma2_are_refused_with_the_reason(case):
     runner = load_runner(str(d), device="cpu", dtype="float32", prefix_cache_size=0, tree_attention="on")
     if preset == "tiny-gemma2":
         assert runner.attention_backend == "spec-varlen"
-        assert "softcap" in runner.attention_rejected["sdpa"] and "window" in runner.attention_rejected["sdpa"]
+        assert "softcap" in runner.report.attention_rejected["sdpa"] and "window" in runner.report.attention_rejected["sdpa"]
         assert runner.tree_path is None and "softcap" in runner.tree_report
     else:  # Gemma needs nothing beyond causal softmax: the usual backend and the tree path serve it
         assert runner.attention_backend == "sdpa" and runner.tree_path is not None

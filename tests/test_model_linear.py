@@ -59,7 +59,7 @@ def test_not_packed_off_cpu_fp32_or_after_a_failed_self_test(monkeypatch):
 def test_runner_logs_which_path_runs(tiny_embedding_dir, monkeypatch, caplog):
     caplog.set_level(logging.INFO, logger="models.runner")
     runner = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32", prefix_cache_size=0)
-    assert runner.linear == "onednn-packed"
+    assert runner.report.linear == "onednn-packed"
     assert "linear layers: fp32 weights, onednn-packed" in caplog.text
     off = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32", prefix_cache_size=0,
                       cpu_packed_weights=False)

@@ -91,7 +91,7 @@ def test_untied_reranker_keeps_only_the_yes_and_no_rows_and_scores_like_transfor
     params = sum(p.numel() * p.element_size() for p in runner.model.parameters())
     full = params + (lm_head.shape[0] - 2) * lm_head.shape[1] * 4
     checkpoint = sum(t.numel() * 4 for k, t in load_file(str(d / "model.safetensors")).items())
-    assert full == checkpoint and runner.memory["weights_bytes"] >= params
+    assert full == checkpoint and runner.report.memory["weights_bytes"] >= params
     # Scores: transformers' full head, each pair alone, is the oracle.
     hf = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
     seqs = [[1, 2, 3, 4, 5], [1, 2, 3, 6], [9, 8]]

@@ -67,7 +67,7 @@ def test_warm_up_runs_the_serving_path_on_the_worker_thread(tiny_embedding_dir, 
     assert served["hits"] == 0 and out.outputs[0].shape == (runner.hidden_size,)
     (line,) = [r.getMessage() for r in caplog.records if r.name == "models.warmup"]
     assert line.startswith("warm-up on thread rs-worker: ") and "a 512-token batch" in line
-    assert "peak RSS" in line and f"{runner.warmup_ms:.1f} ms" in line
+    assert "peak RSS" in line and f"{runner.report.warmup_ms:.1f} ms" in line
 
 
 def test_warm_up_is_capped_on_the_cpu(tiny_reranker_dir, monkeypatch, caplog):
@@ -104,15 +104,15 @@ def test_a_failed_warm_up_fails_the_start(tiny_embedding_dir):
 def test_the_prefix_cache_size_is_reported_with_its_reason(tiny_embedding_dir):
     from models.prefix_cache.size import AUTO_HOST_TOKENS
 
-    auto = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32").prefix_cache_report
+    auto = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32").report.prefix_cache
     cfg = load_runner(str(tiny_embedding_dir), device="cpu", prefix_cache_size=0).config
     per = 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * 4
     assert auto["bytes_per_token"] == per and auto["bytes"] == auto["tokens"] * per
     assert auto["tokens"] == AUTO_HOST_TOKENS  # a tiny model: the token cap binds
     assert auto["why"].startswith("auto: 25% of ") and "RAM available" in auto["why"]
-    fixed = load_runner(str(tiny_embedding_dir), device="cpu", prefix_cache_size="100tokens").prefix_cache_report
+    fixed = load_runner(str(tiny_embedding_dir), device="cpu", prefix_cache_size="100tokens").report.prefix_cache
     assert fixed == {"tokens": 96, "bytes": 96 * per, "bytes_per_token": per, "why": "--prefix-cache-size 100tokens"}
-    off = load_runner(str(tiny_embedding_dir), device="cpu", prefix_cache_size=0).prefix_cache_report
+    off = load_runner(str(tiny_embedding_dir), device="cpu", prefix_cache_size=0).report.prefix_cache
     assert off["tokens"] == 0 and off["why"] == "off: size 0"
 
 

@@ -57,9 +57,9 @@ def test_weights_bytes_counts_the_weights_as_served(fixture_root, monkeypatch, w
     path = fixtures.cached("tiny-embedding", root=fixture_root)
     runner = load_runner(str(path), device="cpu", dtype="float32", prefix_cache_size=0,
                          cpu_weights=weights, keep_dense_weights=False)
-    assert runner.linear == kernel
+    assert runner.report.linear == kernel
     served, fp32 = _served_bytes(runner.model)
-    assert runner.memory["weights_bytes"] == served
+    assert runner.report.memory["weights_bytes"] == served
     if weights == "fp32":
         assert served == fp32
     else:  # the linear weights at 1 or 2 bytes a value: well below the float32 model

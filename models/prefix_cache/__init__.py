@@ -4,6 +4,8 @@ One package, one job each:
 - `blocks`: the block radix tree, its eviction order and the preallocated K/V pool;
   `PrefixCache.plan` looks a batch up and leases what it reads and writes, `commit_later` (the
   worker: queued, published by the next plan), `commit` or `abort` settle the lease.
+- `planner`: the steps of one `plan`, sequence by sequence (look-ups, partial match, writes).
+- `lease`: the records, a cached `Block` and a batch's `Lease`.
 - `siblings`: each parent's committed children sorted by token bytes (the partial look-up).
 - `eviction`: the evictable leaves, least recently used first.
 - `layout`: `cache_refusal`, the one rule for "may this batch use the cache", and `plan_batch`,

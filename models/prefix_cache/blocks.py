@@ -19,16 +19,16 @@ not written when a committed block already starts with those tokens. Tails let s
 a prefix that ends mid-block: a 20-token instruction followed by each query's own words is read
 to its 20th token by the next query, not the 16th.
 
-Cost: `plan` walks each sequence's blocks once, and a sequence reuses the blocks its predecessor in
-the batch looked up or chose to write for the leading blocks they share (found by one vectorised
-comparison of the packed ids), so a batch sharing a long instruction pays its look-ups once; past
-a sequence's first new block no pending block can sit under its chain, so its deeper blocks are
-made without a look-up, and a partial look-up asking the previous sequence's question (same
-parent, same tokens) reuses its answer. A lease pins each block it reads once, whatever the
-number of its sequences through that block. Eviction pops the least recently used unpinned block
-from `EvictionOrder` (eviction.py), O(1) and always a leaf, without scanning pinned or inner
-blocks. `commit` is one dict insert, one sorted-list insert and one O(1) move in the eviction
-order per block.
+Cost: `plan` (its steps in planner.py) walks each sequence's blocks once, and a sequence reuses
+the blocks its predecessor in the batch looked up or chose to write for the leading blocks they
+share (found by one vectorised comparison of the packed ids), so a batch sharing a long
+instruction pays its look-ups once; past a sequence's first new block no pending block can sit
+under its chain, so its deeper blocks are made without a look-up, and a partial look-up asking
+the previous sequence's question (same parent, same tokens) reuses its answer. A lease pins each
+block it reads once, whatever the number of its sequences through that block. Eviction pops the
+least recently used unpinned block from `EvictionOrder` (eviction.py), O(1) and always a leaf,
+without scanning pinned or inner blocks. `commit` is one dict insert, one sorted-list insert and
+one O(1) move in the eviction order per block.
 
 Invariants:
 - Chains are prefix-closed: a committed block's parent is committed, and a lease pins whole
@@ -51,56 +51,18 @@ from __future__ import annotations
 import collections
 import itertools
 import threading
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from models.prefix_cache.eviction import EvictionOrder
+from models.prefix_cache.lease import Block, Lease
+from models.prefix_cache.planner import BatchPlanner
 from models.prefix_cache.shared import shared_with_previous
-from models.prefix_cache.siblings import Kids, Siblings, added, count, longest, removed, starts_with
+from models.prefix_cache.siblings import Siblings, added, removed
 from models.prefix_cache.size import bytes_per_token
 
 BLOCK_TOKENS = 16
-
-
-@dataclass(eq=False, slots=True)
-class _Block:
-    id: int
-    parent: "_Block | None"
-    tokens: bytes  # the block's token ids, int32: `block` of them, or fewer for a tail block
-    depth: int  # block index from position 0
-    slot: int  # pool rows slot*block .. slot*block + block - 1
-    root: int | bytes = 0  # a first block's parent key: 0, or its namespace (bytes, never an id)
-    refs: int = 0  # leases pinning it
-    kids: Kids = None  # its committed children's token bytes (siblings.py)
-    mark: int = 0  # the last plan that pinned it (a lease pins a block once)
-
-    @property
-    def children(self) -> int:
-        """Committed children."""
-        return count(self.kids)
-
-    @property
-    def key(self) -> tuple[int | bytes, bytes]:
-        return (self.parent.id if self.parent is not None else self.root, self.tokens)
-
-
-@dataclass(eq=False)
-class Lease:
-    """One batch's hold on the cache: the chains it reads (pinned) and the blocks it writes."""
-
-    matched: np.ndarray  # [B] int64 tokens of each sequence found in the cache (full blocks + partial)
-    read_rows: np.ndarray  # [sum matched] int64 pool row of each matched token, sequence by sequence
-    write_starts: np.ndarray  # [W] int64 original row of each written block's first token
-    write_slots: np.ndarray  # [W] int64 pool slot of each written block
-    write_lens: np.ndarray  # [W] int64 rows written of each block: block, or t for a tail block
-    pinned: list[_Block] = field(default_factory=list)  # each block read, once
-    pending: list[_Block] = field(default_factory=list)  # parents before children
-    hits: int = 0  # tokens read from the cache, set by layout.plan_batch
-    misses: int = 0
-    done: bool = False  # committed or aborted
-    queued: bool = False  # handed to `commit_later`: only a commit settles it now
 
 
 class PrefixCache:
@@ -121,7 +83,7 @@ class PrefixCache:
         alloc = torch.zeros if torch.device(device).type == "cuda" else torch.empty
         self.k = alloc(layers, rows, kv_heads, head_dim, dtype=dtype, device=device)
         self.v = alloc(layers, rows, kv_heads, head_dim, dtype=dtype, device=device)
-        self._index: dict[tuple[int | bytes, bytes], _Block] = {}
+        self._index: dict[tuple[int | bytes, bytes], Block] = {}
         self._siblings = Siblings()  # the roots' committed children (a block holds its own `kids`)
         self._order = EvictionOrder()  # unpinned committed blocks, least recently used first
         self._plans = 0  # plans so far: a block's `mark`
@@ -150,146 +112,25 @@ class PrefixCache:
 
     # -- planning (prep thread) -----------------------------------------------------------------
     def plan(self, input_ids: np.ndarray, cu_seqlens: np.ndarray, namespaces=None) -> Lease:
-        """Look up every sequence's cached prefix (pinning it) and choose the blocks to write.
+        """Look up every sequence's cached prefix (pinning it) and choose the blocks to write:
+        the steps are planner.py's.
 
         namespaces: None, or [B] bytes, each sequence's namespace (b"": the shared one).
         """
         ids = np.ascontiguousarray(np.asarray(input_ids), dtype=np.int32)
         cu = np.asarray(cu_seqlens, dtype=np.int64)
-        blk, width = self.block, 4 * self.block
-        n_seq = len(cu) - 1
         bounds = cu.tolist()
-        raw = ids.tobytes()  # the batch's tokens: row r is raw[4r:4r+4]
         shared = shared_with_previous(ids, cu, namespaces)  # [B] leading tokens equal to seq s-1's
-        matched = [0] * n_seq
-        run_rows: list[int] = []  # first pool row of each read run (a chain block, or a partial one)
-        partial_runs: list[int] = []  # which runs are partial, and their lengths
-        partial_lens: list[int] = []
-        starts: list[int] = []  # original row of each pending block's first token, in lease.pending order
-        slots: list[int] = []  # pool slot of each pending block
-        tails: list[int] = []  # which pending blocks are tails, and their lengths
-        tail_lens: list[int] = []
-        empty = np.zeros(0, np.int64)
-        lease = Lease(empty, empty, empty, empty, empty)
-        pinned, new_blocks = lease.pinned, lease.pending
-        pending: dict[tuple[int | bytes, bytes], _Block] = {}
-        index, siblings, free, order = self._index, self._siblings, self._free, self._order
-        ids_next, evict = self._ids.__next__, self._evict
-        add_new, add_start, add_slot = new_blocks.append, starts.append, slots.append
-        prev_nodes: list[_Block] = []  # the previous sequence's full blocks: committed chain, then pending
-        prev_rows: list[int] = []  # first pool row of each block of its committed chain
-        prev_found = 0
-        last_pk: int | bytes | None = None  # the last partial look-up: parent key, query, answer
-        last_query = b""
-        last_found: tuple[bytes | None, int] = (None, 0)
         with self._lock:
             self._publish_queued()
             self._plans += 1
-            mark = self._plans  # a block pinned by this plan carries it: one pin per lease
-            for s in range(n_seq):
-                a, e = bounds[s], bounds[s + 1]
-                n_full = (e - a) // blk
-                root: int | bytes = (namespaces[s] or 0) if namespaces is not None else 0
-                reuse = min(shared[s] // blk, n_full, len(prev_nodes))  # blocks equal to seq s-1's
-                if reuse > prev_found:
-                    # past its committed chain seq s-1 missed at the same key: no look-up to redo
-                    j, nodes, rows = prev_found, prev_nodes[:reuse], prev_rows
-                else:
-                    j, nodes, rows = reuse, prev_nodes[:reuse], prev_rows[:reuse]
-                    pk = nodes[-1].id if nodes else root
-                    at = 4 * a + j * width
-                    while j < n_full:
-                        found = index.get((pk, raw[at:at + width]))
-                        if found is None:
-                            break
-                        if found.mark != mark:
-                            found.mark = mark
-                            if not found.refs:
-                                order.pin(found)
-                            found.refs += 1
-                            pinned.append(found)
-                        nodes.append(found)
-                        rows.append(found.slot * blk)
-                        pk, j, at = found.id, j + 1, at + width
-                parent = nodes[j - 1] if j else None
-                pk = parent.id if parent is not None else root
-                run_rows.extend(rows)
-                # the last token is always computed, so a partial match needs at most n-1 tokens
-                k_max = min(blk - 1, e - 1 - (a + j * blk))
-                k = 0
-                if k_max > 0:
-                    at = 4 * (a + j * blk)
-                    query = raw[at:at + 4 * k_max]
-                    if pk != last_pk or query != last_query:
-                        # NOTE: the same question as the last sequence's gets its answer: during a
-                        # plan committed blocks only leave (evicted unpinned), and the one it found
-                        # is pinned, so the longest match and its tie-break are unchanged.
-                        last_pk, last_query = pk, query
-                        last_found = longest(parent.kids if parent is not None else siblings.get(root), query)
-                    tokens, k = last_found
-                    if tokens is not None:
-                        part = index[(pk, tokens)]
-                        if part.mark != mark:
-                            part.mark = mark
-                            if not part.refs:
-                                order.pin(part)
-                            part.refs += 1
-                            pinned.append(part)
-                        partial_runs.append(len(run_rows))
-                        partial_lens.append(k)
-                        run_rows.append(part.slot * blk)
-                matched[s] = j * blk + k
-                chained = True  # every complete block is cached or written (a tail may follow)
-                jj = len(nodes)  # blocks before it: cached, or seq s-1's pending ones (same tokens)
-                if jj > j:
-                    parent = nodes[jj - 1]
-                pk = parent.id if parent is not None else root
-                at = 4 * (a + jj * blk)
-                fresh = False  # this sequence made a block: no pending block sits under it yet
-                while jj < n_full:
-                    key = (pk, raw[at:at + width])
-                    mine = None if fresh else pending.get(key)
-                    if mine is None:
-                        slot = free.pop() if free else evict()
-                        if slot is None:
-                            chained = False  # pool full of pinned blocks: write nothing deeper
-                            break
-                        mine = _Block(ids_next(), parent, key[1], jj, slot, 0 if parent is not None else root)
-                        pending[key] = mine
-                        add_new(mine)
-                        add_start(a + jj * blk)
-                        add_slot(slot)
-                        fresh = True
-                    nodes.append(mine)
-                    parent, pk, jj, at = mine, mine.id, jj + 1, at + width
-                tail = e - (a + n_full * blk)
-                if chained and tail:
-                    pk = parent.id if parent is not None else root
-                    key = (pk, raw[4 * (e - tail):4 * e])
-                    # not cached (no committed block starts with it), not being written
-                    if (fresh or key not in pending) and \
-                            not starts_with(parent.kids if parent is not None else siblings.get(root), key[1]):
-                        slot = free.pop() if free else evict()
-                        if slot is not None:
-                            mine = _Block(ids_next(), parent, key[1], n_full, slot, 0 if parent is not None else root)
-                            pending[key] = mine
-                            tails.append(len(new_blocks))
-                            tail_lens.append(tail)
-                            add_new(mine)
-                            add_start(e - tail)
-                            add_slot(slot)
-                prev_nodes, prev_rows, prev_found = nodes, rows, j
-        lease.matched = np.asarray(matched, dtype=np.int64)
-        if run_rows:
-            lens = np.full(len(run_rows), blk, dtype=np.int64)
-            lens[partial_runs] = partial_lens
-            within = np.arange(int(lens.sum()), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
-            lease.read_rows = np.repeat(np.asarray(run_rows, dtype=np.int64), lens) + within
-        lease.write_starts = np.asarray(starts, dtype=np.int64)
-        lease.write_slots = np.asarray(slots, dtype=np.int64)
-        lease.write_lens = np.full(len(slots), blk, dtype=np.int64)
-        lease.write_lens[tails] = tail_lens
-        return lease
+            planner = BatchPlanner(index=self._index, siblings=self._siblings, order=self._order,
+                                   free=self._free, evict=self._evict, next_id=self._ids.__next__,
+                                   block=self.block, raw=ids.tobytes(), mark=self._plans)
+            add = planner.add
+            for s in range(len(bounds) - 1):
+                add(bounds[s], bounds[s + 1], (namespaces[s] or 0) if namespaces is not None else 0, shared[s])
+        return planner.lease()
 
     def _evict(self) -> int | None:
         """The slot of the least recently used unpinned block (a leaf), dropped from the index;
@@ -331,8 +172,8 @@ class PrefixCache:
             return
         lease.done = True
         index, siblings, order, free = self._index, self._siblings, self._order, self._free
-        same: dict[int, _Block] = {}  # pending id -> the committed block it duplicates
-        used: list[_Block] = []  # blocks published, or duplicated while unpinned: parents first
+        same: dict[int, Block] = {}  # pending id -> the committed block it duplicates
+        used: list[Block] = []  # blocks published, or duplicated while unpinned: parents first
         for b in lease.pending:  # parents before children
             p = b.parent
             if same and p is not None and p.id in same:

@@ -1,7 +1,7 @@
 """How many leading tokens each sequence of a packed batch shares with the one before it.
 
 The prefix cache's ``plan`` reuses a predecessor's look-ups for the leading blocks two neighbours
-share, so a batch sharing a long instruction pays its look-ups once (blocks.py).
+share, so a batch sharing a long instruction pays its look-ups once (planner.py).
 """
 from __future__ import annotations
 

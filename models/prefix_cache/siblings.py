@@ -2,7 +2,7 @@
 
 A parent's committed children are kept as one value, its *kids*: None (no child), the one child's
 token bytes, or a sorted list of two or more children's token bytes. A block holds its own kids
-(`_Block.kids`, no dict look-up on the hot path); the namespace roots (0, or a namespace's bytes),
+(`Block.kids`, lease.py: no dict look-up on the hot path); the namespace roots (0, or a namespace's bytes),
 which are not blocks, keep theirs in a `Siblings` map. Token ids are int32, fixed 4-byte units, so
 byte order groups children by their leading tokens: the child sharing the longest run of leading
 bytes with a query sits next to the query's insertion point (one of its two neighbours), and whole

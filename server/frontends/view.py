@@ -7,17 +7,18 @@ in one process; ``prepare``/``run``/``warm_up`` are the engine's and refuse here
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
+from models.report import RunnerReport
+from models.startup import StartupClock
 from server.service.contract import ServedRunner
 
 # The plain fields copied as they are (strings, numbers, dicts, tuples).
 _COPIED = ("kind", "head", "labels", "rerank_template", "rerank_instruction", "model_id", "pooling",
-           "radix_attention", "attention_backend", "attention_rejected", "tree_report", "kernels", "linear",
-           "linear_choice", "cpu_attention", "memory", "max_positions", "hidden_size", "prompts",
-           "default_prompt_name", "radix_mlp_threshold", "prefix_cache_report")
+           "radix_attention", "attention_backend", "tree_report", "max_positions", "hidden_size", "prompts",
+           "default_prompt_name", "radix_mlp_threshold")
 
 
 @dataclass
@@ -31,19 +32,13 @@ class RunnerView:
     pooling: str
     radix_attention: str
     attention_backend: str
-    attention_rejected: dict[str, str]
     tree_report: str
-    kernels: str
-    linear: str
-    linear_choice: str
-    cpu_attention: str
-    memory: dict[str, int]
     max_positions: int
     hidden_size: int
     prompts: dict[str, str]
     default_prompt_name: str | None
     radix_mlp_threshold: float
-    prefix_cache_report: dict
+    report: RunnerReport  # the engine's, its start-up clock reading `startup_seconds`
     config: Any  # the model config (picklable): vocab_size, bos_token_id
     device: str  # str(runner.device): /info and the start-up line only
     dtype: str  # str(runner.dtype)
@@ -53,24 +48,26 @@ class RunnerView:
 
     @classmethod
     def of(cls, runner: ServedRunner) -> "RunnerView":
-        startup = getattr(getattr(runner, "startup", None), "seconds", {})
         view = cls.__new__(cls)  # no __post_init__: the engine only pickles it (no second tokenizer)
-        view.__dict__.update({name: getattr(runner, name) for name in _COPIED}, config=runner.config,
-                             device=str(runner.device), dtype=str(runner.dtype),
-                             tokenizer_json=runner.tokenizer.to_str(), startup_seconds=dict(startup),
-                             prefix_cache=None)
+        # the report without the engine's clock (its stage marks stay there); __post_init__ gives it one
+        report = dataclasses.replace(runner.report, startup=StartupClock())
+        view.__dict__.update({name: getattr(runner, name) for name in _COPIED}, report=report,
+                             config=runner.config, device=str(runner.device), dtype=str(runner.dtype),
+                             tokenizer_json=runner.tokenizer.to_str(),
+                             startup_seconds=dict(runner.report.startup.seconds), prefix_cache=None)
         return view
 
     def __post_init__(self) -> None:
         from tokenizers import Tokenizer
 
         self.tokenizer: Any = Tokenizer.from_str(self.tokenizer_json)
-        self.startup = SimpleNamespace(seconds=self.startup_seconds)
+        clock = StartupClock()
+        clock.seconds = self.startup_seconds  # the dict /info answers, updated in place (remote.py)
+        self.report = dataclasses.replace(self.report, startup=clock)
 
     def __getstate__(self) -> dict:
         state = dict(self.__dict__)
         state.pop("tokenizer", None)
-        state.pop("startup", None)
         return state
 
     def __setstate__(self, state: dict) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from models.report import RunnerReport
 from scheduler import SubmitResult
 from scheduler.contract import ModelRunner
 from scheduler.metrics import Metrics
@@ -28,20 +29,16 @@ class ServedRunner(ModelRunner, Protocol):
     pooling: str
     radix_attention: str
     attention_backend: str
-    attention_rejected: dict[str, str]  # backend -> why it does not run
     tree_report: str  # the tree-attention policy and the path that runs, e.g. "auto (cpu-flash)"
-    kernels: str
-    linear: str
-    linear_choice: str  # the CPU linear weights' precision, the kernel and what was measured
-    cpu_attention: str  # the CPU's attention kernel and why ("" off the CPU)
-    memory: dict[str, int]  # weights_bytes; on CUDA allocated_bytes and reserved_bytes after load
+    # what load chose and measured, and why: rejected backends, kernels, memory, the prefix cache's
+    # size, the start-up stages (/info and the start-up line)
+    report: RunnerReport
     max_positions: int
     hidden_size: int
     prompts: dict[str, str]
     default_prompt_name: str | None
     radix_mlp_threshold: float
     prefix_cache: Any  # None when off; else what ``Metrics.watch_prefix_cache`` reads
-    prefix_cache_report: dict  # its size for /info: tokens, bytes, bytes_per_token, why
 
     def warm_up(self, *, max_tokens: int) -> dict: ...  # the serving path once, on the calling thread
 

@@ -68,26 +68,27 @@ def build_info(config: ServerConfig, runner: ServedRunner, *, max_input_length: 
         "radix_mlp_threshold": config.radix_mlp_threshold,
         "radix_attention": runner.radix_attention,
         "attention_backend": runner.attention_backend,  # which runs; why not the others:
-        "attention_backend_rejected": dict(runner.attention_rejected),
+        "attention_backend_rejected": dict(runner.report.attention_rejected),
         "tree_attention": runner.tree_report,
-        "linear": runner.linear,
-        "linear_choice": runner.linear_choice,
-        "cpu_attention": runner.cpu_attention,
-        "memory": dict(runner.memory),
-        "prefix_cache": dict(runner.prefix_cache_report),
+        "linear": runner.report.linear,
+        "linear_choice": runner.report.linear_choice,
+        "cpu_attention": runner.report.cpu_attention,
+        "memory": dict(runner.report.memory),
+        "prefix_cache": dict(runner.report.prefix_cache),
         "batching_policy": config.batching_policy,
-        "startup": getattr(getattr(runner, "startup", None), "seconds", {}),  # live: filled as stages end
+        "startup": runner.report.startup.seconds,  # live: filled as stages end
         "version": version(),
     }
 
 
 def startup_line(config: ServerConfig, runner: ServedRunner, max_input_length: int) -> str:
     """The one log line that says what this process serves, how, and on what address."""
+    report = runner.report
     return (
         f"radixserve serving model={config.model_name} ({runner.model_id}) kind={runner.kind} "
         f"device={runner.device} dtype={str(runner.dtype).replace('torch.', '')} "
-        f"attention_backend={runner.attention_backend} kernels={runner.kernels} "
-        f"linear={runner.linear} cpu_weights={runner.linear_choice.split(':')[0] or '-'} cpu_attention={runner.cpu_attention.split(' ')[0] or '-'} "
+        f"attention_backend={runner.attention_backend} kernels={report.kernels} "
+        f"linear={report.linear} cpu_weights={report.linear_choice.split(':')[0] or '-'} cpu_attention={report.cpu_attention.split(' ')[0] or '-'} "
         f"radix_mlp_threshold={config.radix_mlp_threshold} radix_attention={runner.radix_attention} "
         f"batching_policy={config.batching_policy} "
         f"max_input_length={max_input_length} max_batch_tokens={config.max_batch_tokens} "
