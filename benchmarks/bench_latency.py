@@ -3,7 +3,7 @@
     python -m benchmarks.bench_latency [--preset tiny-embedding] [--requests 600]
         [--arm zero=zero] [--arm real=real] [--arm real-cache-off=real,cache=0]
         [--arm before=zero,root=/path/to/other/checkout] [--target infinity=URL --model NAME]
-        [--route embed|openai] [--api-servers 2] [--json]
+        [--route embed|openai] [--log-dir DIR] [--json]
 
 Each ``--arm NAME=FORWARD[,cache=SIZE][,root=DIR][,api-servers=N]`` is the real CLI
 (``server.cli.main``) in a subprocess on the preset's fixture: FORWARD ``zero`` replaces the
@@ -116,7 +116,7 @@ class Arm:
                 raise SystemExit(f"--arm {spec}: unknown option {key!r}")
         return arm
 
-    def start(self, model: str, port: int, extra: list[str]) -> None:
+    def start(self, model: str, port: int, extra: list[str], log_dir: str | None = None) -> None:
         argv = ["--model-id", model, "--hostname", "127.0.0.1", "--port", str(port), *extra]
         if self.cache is not None:
             argv += ["--prefix-cache-size", self.cache]
@@ -127,7 +127,8 @@ class Arm:
         env = {**os.environ, "PYTHONPATH": os.getcwd()}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.bench_latency", "--serve-child", self.forward, self.root, *argv],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env,
+            stderr=open(os.path.join(log_dir, f"{self.name}.log"), "w") if log_dir else subprocess.DEVNULL)
 
     def wait(self) -> None:
         from loadtest.client import wait_healthy
@@ -261,6 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--route", choices=sorted(ONE_INPUT_ROUTES), default="embed")
     ap.add_argument("--model", default=None, help="the body's model name (openai route)")
     ap.add_argument("--served-model-name", default=None, help="passed to every arm's server")
+    ap.add_argument("--log-dir", default=None, help="the servers' logs go to DIR/NAME.log (default: dropped)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     import fixtures
@@ -275,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for arm in arms:
             if not arm.url:
-                arm.start(model, free_port(), extra)
+                arm.start(model, free_port(), extra, a.log_dir)
         for arm in arms:
             arm.wait()
         rows = run(arms, requests=a.requests, route=a.route, model=a.model, warmup=a.warmup)

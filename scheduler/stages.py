@@ -9,7 +9,7 @@ A request's path, in the order its stamps are taken::
     prepared   ``runner.prepare`` returned for that batch
     forward    ``runner.run`` returned (the outputs are on the host or on their way)
     settled    the loop recorded the request's outcome (its future is resolved)
-    written    the last byte of the answer went to the transport
+    written    the answer's last body message is handed to the transport (the send follows)
 
 Each site reads ``stages.recorder`` once and calls it only when it is set, so with no recorder
 (the server's default; nothing in the product sets one) a stamp costs one attribute check. A

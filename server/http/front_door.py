@@ -106,10 +106,10 @@ class FrontDoor:
                 headers = [(k, v) for k, v in message.get("headers", ())
                            if k.lower() != b"x-request-id" and k.lower() not in self.dropped]
                 message = {**message, "headers": [*headers, (b"x-request-id", rid)]}
-            await send(message)
             if stages.recorder is not None and message["type"] == "http.response.body" \
                     and not message.get("more_body", False):
-                stages.recorder("written", (label,))
+                stages.recorder("written", (label,))  # the last byte handed to the transport
+            await send(message)
 
         await self._check(scope, receive, send_with_id)
 
