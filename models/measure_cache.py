@@ -49,17 +49,27 @@ def cache_file() -> Path | None:
 
 @functools.cache
 def _cpu() -> str:
-    """The CPU's model name and a hash of its flags (Linux /proc/cpuinfo; else the platform)."""
+    """The CPU's model name, family/model/stepping and a hash of its flags (Linux /proc/cpuinfo;
+    else the platform). NOTE: under a hypervisor the model name may be only the vendor's brand
+    ("AMD EPYC" for Zen 3, 4 and 5 alike), and one flag set spans microarchitectures whose
+    kernels run at different speeds (Zen 4 executes AVX-512 in 256-bit halves, Zen 5 does not):
+    family and model tell them apart, so one's timing is never read on the other."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
         import platform
 
         return platform.processor() or platform.machine()
-    fields = dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+    return describe_cpu(text)
+
+
+def describe_cpu(cpuinfo: str) -> str:
+    """The key's CPU part from /proc/cpuinfo's text (its first processor's fields)."""
+    fields = dict(line.split(":", 1) for line in cpuinfo.split("\n\n")[0].splitlines() if ":" in line)
     fields = {k.strip(): v.strip() for k, v in fields.items()}
     flags = hashlib.sha1(fields.get("flags", "").encode()).hexdigest()[:12]
-    return f"{fields.get('model name', '?')} flags:{flags}"
+    arch = "/".join(fields.get(k, "?") for k in ("cpu family", "model", "stepping"))
+    return f"{fields.get('model name', '?')} family/model/stepping:{arch} flags:{flags}"
 
 
 # environment variables that cap or change the instruction set of torch's, oneDNN's and MKL's kernels

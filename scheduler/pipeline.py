@@ -38,6 +38,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import stages
 from .contract import ModelRunner, Prepared
 from .faults import DeviceFault, classify, release_cached_memory
 from .forming import Entry, Former
@@ -181,6 +182,8 @@ class Pipeline:
             if error is not None:
                 self._fail(batch, "form", error)
             prepared = error is None and self._prepare(batch)
+            if prepared and stages.recorder is not None:
+                stages.recorder("prepared", batch.labels)
             if prepared and self._lone():
                 self._prep_busy.clear()
                 self._execute(batch, here=True)  # frees the slot as it starts
@@ -226,6 +229,8 @@ class Pipeline:
 
     def _open(self, entries: list[Entry]) -> _Batch:
         labels = tuple(dict.fromkeys(self._label(e) for e in entries))
+        if stages.recorder is not None:
+            stages.recorder("formed", labels)
         return _Batch(next(self._batch_ids), entries, time.monotonic(), labels)
 
     def _prepare(self, batch: _Batch) -> bool:
@@ -328,6 +333,8 @@ class Pipeline:
         self._slot.release()  # the prep thread may form the next batch while this one runs
         try:
             out = self.runner.run(batch.prepared)
+            if stages.recorder is not None:
+                stages.recorder("forward", batch.labels)
         except Exception as exc:  # noqa: BLE001 - fails this batch only
             batch.forward_end = time.monotonic()
             self._in_flight.release()

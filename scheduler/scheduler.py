@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, cast
 
+from . import stages
 from .contract import ModelRunner
 from .forming import Entry, PrefixPolicy
 from .metrics import Metrics
@@ -174,6 +175,8 @@ class Scheduler:
             if t.left == 0:
                 self._finish(t)
                 t.future.set_result(SubmitResult(t.outputs, t.queue_s, t.inference_s, t.compute))
+                if stages.recorder is not None:
+                    stages.recorder("settled", (t.label,))
 
     def _finish(self, ticket: _Ticket) -> None:
         with self._lock:
@@ -238,6 +241,8 @@ class Scheduler:
             except QueueClosed:
                 raise WorkerDead("the server is shutting down") from None
             self._pending.add(ticket)
+        if stages.recorder is not None:
+            stages.recorder("admitted", (ticket.label,))
         try:
             return await ticket.future
         except BaseException:  # failure or cancellation: drop what is still queued

@@ -61,3 +61,17 @@ def test_a_capped_process_measures_instead_of_reading_the_uncapped_figure(clean,
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA")
     attention_lse._measure.cache_clear()  # uncapped again: its own figure, from the cache
     assert attention_lse.select_cpu_kernel(True, **SHAPE).startswith("onednn-tiles") and len(runs) == 2
+
+
+def _cpuinfo(model: str, flags: str = "fpu avx2 avx512f") -> str:
+    one = f"processor\t: {{}}\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: {model}\nmodel name\t: AMD EPYC\n" \
+          f"stepping\t: 1\nflags\t\t: {flags}\n"
+    return "\n".join(one.format(i) for i in range(2))
+
+
+def test_one_brand_and_flag_set_on_two_microarchitectures_are_two_keys():
+    """Under KVM, Zen 3/4/5 may all read "AMD EPYC" with one flag set: family/model split them."""
+    zen4, genoa_b = measure_cache.describe_cpu(_cpuinfo("17")), measure_cache.describe_cpu(_cpuinfo("17"))
+    assert zen4 == genoa_b and "25/17/1" in zen4
+    assert measure_cache.describe_cpu(_cpuinfo("1")) != zen4
+    assert measure_cache.describe_cpu(_cpuinfo("17", flags="fpu avx2")) != zen4

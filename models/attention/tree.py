@@ -132,6 +132,16 @@ def plan_tree(cu_q, cu_k, kv_index, *, own_offset: int, heads: int, kv_heads: in
     own_pos = np.arange(tq, dtype=np.int64) + np.repeat(ck[1:] - lq - cq[:-1], lq)  # [Tq]
     if not np.array_equal(kv[own_pos], own_offset + np.arange(tq, dtype=np.int64)):
         return None
+    plan = _plan_one if b == 1 else _plan_many
+    return plan(cq, ck, kv, own_offset=own_offset, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                device=device, force=force)
+
+
+def _plan_many(cq: np.ndarray, ck: np.ndarray, kv: np.ndarray, *, own_offset: int, heads: int, kv_heads: int,
+               head_dim: int, device: torch.device, force: bool) -> TreePlan | None:
+    """`plan_tree` past its layout checks: the segments, the estimate, the plan."""
+    lq, lk = np.diff(cq), np.diff(ck)
+    b = len(lq)
     anc = lk - lq  # [B'] ancestor keys of each owner
     rows = kv[_aranges(ck[:-1], anc)]  # [A] source row of every ancestor key, owner by owner
     owner = np.repeat(np.arange(b, dtype=np.int64), anc)  # [A]
@@ -185,6 +195,39 @@ def plan_tree(cu_q, cu_k, kv_index, *, own_offset: int, heads: int, kv_heads: in
         cu_shared_k=dev(np.concatenate([[0], np.cumsum(seg_lens)]), torch.int32) if m else None,
         max_shared_q=int(nq_seg.max()) if m else 0, max_shared_k=int(seg_lens.max()) if m else 0,
         estimate=(tree, flat))
+
+
+def _plan_one(cq: np.ndarray, ck: np.ndarray, kv: np.ndarray, *, own_offset: int, heads: int, kv_heads: int,
+              head_dim: int, device: torch.device, force: bool) -> TreePlan | None:
+    """`plan_tree` of a batch of one owner (a lone request, its prefix read from the cache),
+    without the segment search: its ancestors are one segment when their source rows run
+    consecutively (as a cache read lays them out), read by its whole block. Any other layout
+    goes through the general planner, which this equals (tests/test_tree_attention_plan_one.py)."""
+    q0, lq, anc = int(cq[0]), int(cq[1] - cq[0]), int(ck[1] - ck[0] - (cq[1] - cq[0]))
+    ancestors = kv[int(ck[0]):int(ck[0]) + anc]  # [anc] source rows of its ancestor keys
+    if anc and not np.array_equal(ancestors, ancestors[0] + np.arange(anc, dtype=np.int64)):
+        return _plan_many(cq, ck, kv, own_offset=own_offset, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
+                          device=device, force=force)
+    width = heads * head_dim
+    m = lq if anc else 0
+    flat = CALL_S * (1 + (anc > 0)) + ELEM_S * (2 * kv_heads * head_dim * (lq + anc) + 3 * width * (lq if anc else 0))
+    tree = CALL_S * (1 + (anc > 0)) + ELEM_S * (4 * width * m)
+    if not force and (tree > flat or not m):
+        return None
+
+    def dev(a: np.ndarray, dtype=torch.int64) -> Tensor:
+        return to_device(torch.from_numpy(np.ascontiguousarray(a)).to(dtype), device)
+
+    k0 = int(ancestors[0]) if anc else 0
+    rows = q0 + np.arange(lq, dtype=np.int64)  # [lq] its query rows: the partials' rows
+    return TreePlan(
+        shared=(SharedCall(k0, k0 + anc, q0, q0 + lq, None),) if m else (), own_runs=((q0, 1, lq),),
+        own_offset=int(own_offset), part_rows=dev(rows) if m else None,
+        cu_own=dev(cq, torch.int32), max_own=lq,
+        shared_k_index=dev(k0 + np.arange(anc, dtype=np.int64)) if m else None,
+        cu_shared_q=dev(np.array([0, lq], np.int64), torch.int32) if m else None,
+        cu_shared_k=dev(np.array([0, anc], np.int64), torch.int32) if m else None,
+        max_shared_q=lq if m else 0, max_shared_k=anc if m else 0, estimate=(tree, flat))
 
 
 SHARED_ROWS = 4096  # query rows per piece of a CPU shared call: 32 MiB of [rows, 16, 128] fp32

@@ -17,6 +17,7 @@ import asyncio
 import hashlib
 import hmac
 
+from scheduler import stages
 from server.http import request_id
 from server.http.errors import send_error
 
@@ -95,13 +96,19 @@ class FrontDoor:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        rid = request_id.assign(scope).encode("ascii")
+        label = request_id.assign(scope)
+        rid = label.encode("ascii")
+        if stages.recorder is not None:  # opt-in stage stamps (benchmarks/bench_latency.py)
+            stages.recorder("received", (label,))
 
         async def send_with_id(message) -> None:
             if message["type"] == "http.response.start":
                 headers = [(k, v) for k, v in message.get("headers", ())
                            if k.lower() != b"x-request-id" and k.lower() not in self.dropped]
                 message = {**message, "headers": [*headers, (b"x-request-id", rid)]}
+            if stages.recorder is not None and message["type"] == "http.response.body" \
+                    and not message.get("more_body", False):
+                stages.recorder("written", (label,))  # the last byte handed to the transport
             await send(message)
 
         await self._check(scope, receive, send_with_id)

@@ -22,7 +22,7 @@ from typing import Any, Awaitable, Callable, Iterator, Sequence
 from starlette.requests import Request
 
 from models.text import prompts
-from scheduler import BatchFailed, SubmitResult, WorkerDead
+from scheduler import BatchFailed, SubmitResult, WorkerDead, stages
 from scheduler.metrics import Metrics
 from server.http import cache_salt
 from server.http.errors import ApiError, ClientGone, internal_message
@@ -259,6 +259,8 @@ class Service:
             raise ApiError("unhealthy", f"the model worker is not running; retry later (request id {rid})")
         with self.admitted(n_items):
             items = await encode()
+            if stages.recorder is not None:  # opt-in stage stamps (benchmarks/bench_latency.py)
+                stages.recorder("tokenized", (request_id(request),))
             tokens = sum(map(len, items))
             width = 1 if self.runner.kind == "reranker" else self.runner.hidden_size  # a score, or a vector
             floats = (tokens if all_tokens else len(items)) * width
