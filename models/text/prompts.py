@@ -32,6 +32,7 @@ class InputTooLong(ValueError):
 
     def __init__(self, index: int, length: int, max_length: int, *, at_least: bool = False) -> None:
         held = f"at least {length}" if at_least else f"{length}"
+        self.at_least = at_least
         super().__init__(
             f"input {index} has {held} tokens, more than the maximum of {max_length}; "
             "shorten it or set truncate=true"

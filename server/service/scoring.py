@@ -2,18 +2,19 @@
 single scores (vLLM /pooling of a reward model).
 
 Inputs are texts, or text pairs (TEI's /predict): a pair is encoded the way the tokenizer's own
-pair template joins two texts, then cut to the input limit like a single text (or refused when
-truncation is off). Everything runs through the service's admission, tokenization pool and
+pair template joins two texts, then cut to the input limit as a whole (or refused when truncation
+is off), each side encoded on a window bounded by that limit, in one batch (models/text/pairs.py). Everything runs through the service's admission, tokenization pool and
 scheduler (`Service._infer`), so permits, limits and timing are exactly the other routes'.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence, Union
+from typing import Sequence, Union, cast
 
 import numpy as np
 from starlette.requests import Request
 
+from models.text.pairs import encode_pairs
 from models.text.prompts import InputTooLong, encode_embedding_inputs
 from server.service.core import Call, Items, Service
 from server.service.results import Scores, Usage
@@ -38,19 +39,26 @@ class Logits:
 
 def encode_texts(tokenizer, items: Sequence[Text], *, max_length: int, truncate: bool,
                  direction: str) -> Items:
-    """Token ids of texts and (text, text) pairs, special tokens as the tokenizer adds them."""
-    if not any(isinstance(t, tuple) for t in items):
-        return encode_embedding_inputs(tokenizer, [str(t) for t in items], prompt="", max_length=max_length,
-                                       truncate=truncate, direction=direction)
-    out: Items = []
-    for i, item in enumerate(items):
-        enc = tokenizer.encode(*item) if isinstance(item, tuple) else tokenizer.encode(item)
-        ids = list(enc.ids)
-        if len(ids) > max_length:
-            if not truncate:
-                raise InputTooLong(i, len(ids), max_length)
-            ids = ids[:max_length] if direction == "right" else ids[-max_length:]
-        out.append(ids)
+    """Token ids of texts and (text, text) pairs, special tokens as the tokenizer adds them: the
+    texts as one batch and the pairs as another, each on windows bounded by ``max_length``
+    (models/text/prompts.py, models/text/pairs.py), never one whole-text ``Tokenizer.encode``."""
+    singles = [i for i, t in enumerate(items) if not isinstance(t, tuple)]
+    doubles = [i for i, t in enumerate(items) if isinstance(t, tuple)]
+    out: list = [None] * len(items)
+    try:
+        ids = encode_embedding_inputs(tokenizer, [str(items[i]) for i in singles], prompt="",
+                                      max_length=max_length, truncate=truncate, direction=direction)
+    except InputTooLong as exc:  # named by its place in the request, not among the texts
+        raise InputTooLong(singles[exc.index], exc.length, max_length, at_least=exc.at_least) from None
+    for i, one in zip(singles, ids):
+        out[i] = one
+    try:
+        ids = encode_pairs(tokenizer, [cast("tuple[str, str]", items[i]) for i in doubles], max_length=max_length,
+                           truncate=truncate, direction=direction)
+    except InputTooLong as exc:
+        raise InputTooLong(doubles[exc.index], exc.length, max_length, at_least=exc.at_least) from None
+    for i, one in zip(doubles, ids):
+        out[i] = one
     return out
 
 
