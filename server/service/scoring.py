@@ -73,7 +73,8 @@ async def logits(service: Service, request: Request, call: Call, items: Sequence
         return await tok._off_loop(lambda: encode_texts(tok.tokenizer, items, max_length=limit,
                                                         truncate=truncate, direction=direction))
 
-    outputs, usage = await service._infer(request, call, len(items), encode)
+    outputs, usage = await service._infer(request, call, len(items), encode, cost="pairs",
+                                          bound=tok.bound(items, max_length=limit))
     rows = np.asarray([np.atleast_1d(np.asarray(o, dtype=np.float32)) for o in outputs], dtype=np.float32)
     labels = tuple(service.runner.labels) or ("LABEL_0",)
     return Logits(rows.reshape(len(items), -1), labels, usage)
@@ -83,20 +84,13 @@ async def logits(service: Service, request: Request, call: Call, items: Sequence
 async def pair_scores(service: Service, request: Request, call: Call, pairs: Sequence[tuple[str, str]], *,
                       instruction: str, truncate: bool, direction: str) -> Scores:
     """Raw reranker scores of (query, document) pairs, in input order; each distinct query's
-    template part is encoded once, and the whole request is one admission and one submission."""
+    template part is encoded once, and the whole request is one admission, one pool call, one
+    pair-token budget and one submission."""
     tok = service.tok
-    order: dict[str, list[int]] = {}
-    for i, (query, _) in enumerate(pairs):
-        order.setdefault(query, []).append(i)
 
     async def encode() -> Items:
-        items: list = [None] * len(pairs)
-        for query, idx in order.items():
-            ids = await tok.rerank_inputs(query, [pairs[i][1] for i in idx], instruction=instruction,
-                                          truncate=truncate, direction=direction)
-            for i, one in zip(idx, ids):
-                items[i] = one
-        return items
+        return await tok.score_inputs(pairs, instruction=instruction, truncate=truncate, direction=direction)
 
-    outputs, usage = await service._infer(request, call, len(pairs), encode)
+    outputs, usage = await service._infer(request, call, len(pairs), encode, cost="score",
+                                          bound=tok.score_bound(pairs, instruction=instruction))
     return Scores([float(s) for s in outputs], usage)
