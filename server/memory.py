@@ -31,12 +31,13 @@ TOKEN_BYTES = 96  # an id in a Python list (object + pointer), its scheduler row
 # Peak bytes per token of each route's path, from the body's JSON and the tokenizer's encodings to
 # the batch's rows and the answer, beyond the headroom (which holds a batch's activations): the
 # first large request of each route on a warm server peaked at 133 MB for 158k tokens (/embed),
+# 129 MB for 79k (/v1/embeddings),
 # 72 MB for 82k (/rerank), 54 MB for 88k (/score, distinct text_1), 76 MB for 80k (/predict
 # pairs), tiny fixtures, 2-core EPYC at load ~25; tests/test_memory_costs.py checks each route's
 # estimate + MIN_HEADROOM against the process's own peak. Routes: embed (/embed, /v1/embeddings,
 # /similarity, ids), embed_all, rerank (one query), score (vLLM /score, any text_1), pairs
 # (/predict, /classify, /pooling: texts and pairs).
-TOKEN_BYTES_BY_COST = {"embed": 640, "embed_all": 640, "rerank": 640, "score": 640, "pairs": 768}
+TOKEN_BYTES_BY_COST = {"embed": 1024, "embed_all": 1024, "rerank": 640, "score": 640, "pairs": 768}
 FLOAT_BYTES = 32  # an answer float: the array's 4 bytes and ~25 bytes of JSON text being rendered
 MIN_HEADROOM = 64 * MIB
 HEADROOM_SHARE = 0.25
