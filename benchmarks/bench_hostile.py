@@ -2,6 +2,7 @@
 
     python -m benchmarks.bench_hostile --url http://127.0.0.1:8080 [--probe-url http://127.0.0.1:9000]
         [--attacks none,bodies,headers,idle,slow] [--idle 3000] [--slow 520] [--seconds 5]
+    (pairs: against a classifier; scores: against a reranker)
 
 Each attack runs for ``--seconds`` (the bodies: until answered) while one thread GETs /health every
 20 ms on the API port and, with ``--probe-url``, on the --prometheus-port listener. Per attack it
@@ -9,6 +10,9 @@ prints the attack's answers (``none``: no attack, the control) and each port's p
 failed (refused, reset or timed out after 2 s):
 - ``bodies``: the hostile bodies (1.9M digits to /embed with truncate, and without; ``"word " * 4000``
   to /embed_all; a 1.5M-letter word truncated from the left), one after another;
+- ``pairs`` (a classifier): one /predict pair of 1.0M + 0.95M digits, then four at once;
+- ``scores`` (a reranker): /score and /v1/score with 2,048 distinct short ``text_1`` (each pair
+  tokenized apart: the event loop's old stall) and one 1.9M-digit query against 64 documents;
 - ``headers``: a 32 MB header sent in 64 KiB writes (the server answers 431 after 32 KiB);
 - ``idle``: ``--idle`` connections that open and send nothing;
 - ``slow``: ``--slow`` connections that send a POST head with ``Content-Length: 1000`` and then
@@ -97,6 +101,43 @@ def attack_bodies(url: str, seconds: float) -> list:
     return out
 
 
+PAIRS = [("/predict", {"inputs": ["1" * 1_000_000, "2" * 950_000], "truncate": True})]
+SCORES = [
+    ("/score", {"text_1": [f"query {i}" for i in range(2048)], "text_2": [f"document {i}" for i in range(2048)]}),
+    ("/v1/score", {"text_1": [f"query {i}" for i in range(2048)], "text_2": [f"document {i}" for i in range(2048)]}),
+    ("/score", {"text_1": "7" * 1_900_000, "text_2": [f"document {i}" for i in range(64)]}),
+]
+
+
+def _post_all(url: str, bodies: list, *, concurrent: int = 1) -> list:
+    """Each body once (``concurrent``: that many copies of each at once); status and seconds."""
+    out: list = []
+
+    def one(path: str, body: dict) -> None:
+        t0 = time.perf_counter()
+        try:
+            status: int | str = httpx.post(url + path, json=body, timeout=300).status_code
+        except httpx.HTTPError as exc:
+            status = type(exc).__name__
+        out.append({"path": path, "status": status, "s": round(time.perf_counter() - t0, 2)})
+
+    for path, body in bodies:
+        threads = [threading.Thread(target=one, args=(path, body)) for _ in range(concurrent)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    return out
+
+
+def attack_pairs(url: str, seconds: float) -> list:
+    return _post_all(url, PAIRS) + _post_all(url, PAIRS, concurrent=4)
+
+
+def attack_scores(url: str, seconds: float) -> list:
+    return _post_all(url, SCORES)
+
+
 def attack_headers(url: str, seconds: float) -> list:
     with socket.create_connection(_address(url), timeout=30) as sock:
         sock.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Huge: ")
@@ -149,6 +190,7 @@ def attack_slow(url: str, seconds: float, *, count: int) -> list:
 
 def run(url: str, probe_url: str | None, attacks: list[str], *, seconds: float, idle: int, slow: int) -> dict:
     table = {"none": lambda u, s: time.sleep(s) or [], "bodies": attack_bodies, "headers": attack_headers,
+             "pairs": attack_pairs, "scores": attack_scores,
              "idle": lambda u, s: attack_idle(u, s, count=idle), "slow": lambda u, s: attack_slow(u, s, count=slow)}
     report = {}
     for name in attacks:

@@ -132,6 +132,7 @@ class Pipeline:
         self._t0 = time.monotonic()
         self._prep.start()
         self._worker.start()
+        self._settler.start()
 
     @property
     def alive(self) -> bool:

@@ -5,8 +5,9 @@ forward and the copy of its outputs are queued on the device, and ``result()`` b
 are done; an output already on the host comes wrapped in ``Ready``. The pipeline hands each batch
 to ``Settler.submit``; the settling thread waits for the outputs in launch order and calls
 ``finish(batch, outputs)`` (split and resolve every entry), or ``fail(batch, exc)`` when the wait
-raised, so the worker's share of a batch ends with the launch. The thread starts with the first
-batch submitted: a CPU pipeline serving lone requests inline never has it.
+raised, so the worker's share of a batch ends with the launch. The thread starts with the
+pipeline (``start``), never per batch: a process whose address space is full when a batch ends
+cannot start a thread, and a start that failed then would kill the worker.
 Invariant: batches settle in the order they were launched, each exactly once.
 """
 from __future__ import annotations
@@ -38,17 +39,17 @@ class Settler:
         self._finish, self._fail, self._supervise, self._dead, self._poll_s = finish, fail, supervise, dead, poll_s
         self._queue: queue.Queue[Any] = queue.Queue()  # (batch, PendingOutput) or _STOP
         self.thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
+
+    def start(self) -> None:
+        """Start the settling thread (once, with the pipeline's other threads)."""
+        if self.thread is None:
+            t = threading.Thread(target=self._supervise, args=(self._loop,), name="rs-settle", daemon=True)
+            t.start()
+            # NOTE: published only once started: `Pipeline.alive` reads a thread that is
+            # not yet running as dead, and would turn requests away with 503 meanwhile.
+            self.thread = t
 
     def submit(self, batch: Any, pending: PendingOutput) -> None:
-        if self.thread is None:
-            with self._start_lock:
-                if self.thread is None:
-                    t = threading.Thread(target=self._supervise, args=(self._loop,), name="rs-settle", daemon=True)
-                    t.start()
-                    # NOTE: published only once started: `Pipeline.alive` reads a thread that is
-                    # not yet running as dead, and would turn requests away with 503 meanwhile.
-                    self.thread = t
         self._queue.put((batch, pending))
 
     def stop(self) -> None:

@@ -102,3 +102,23 @@ def apply_image_settings(*, reexec: bool = True) -> None:
         log.info("glibc malloc: at most 2 arenas (set MALLOC_ARENA_MAX to choose)")
     elif jemalloc_mapped():
         log.info("malloc: jemalloc (%s)", environ.get("MALLOC_CONF", "default settings"))
+
+
+_TRIM: list = []  # [libc.malloc_trim] once looked up; [None] where there is none (jemalloc, musl, macOS)
+
+
+def release_free_memory() -> bool:
+    """Give the pages malloc holds free back to the system (glibc ``malloc_trim(0)``); True when
+    some were. After a large request glibc keeps its freed heap (RSS stays at the request's peak);
+    jemalloc returns it on its own (its background thread purges dirty pages after
+    ``dirty_decay_ms``, 10 s by default), so there this does nothing."""
+    if not _TRIM:
+        trim = None
+        if not jemalloc_mapped():
+            try:
+                trim = ctypes.CDLL(None).malloc_trim
+                trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+            except (OSError, AttributeError):
+                trim = None
+        _TRIM.append(trim)
+    return bool(_TRIM[0](0)) if _TRIM[0] is not None else False

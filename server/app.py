@@ -229,6 +229,7 @@ def create_app(config: ServerConfig, runner: ServedRunner | None = None,
     ])
     install_docs(app, title="radixserve")
     install_openapi(app, max_items=config.max_client_batch_size, vocab_size=service.tok.vocab_size,
-                    hidden_size=runner.hidden_size, prompt_names=tuple(runner.prompts or {}))
+                    hidden_size=runner.hidden_size, prompt_names=tuple(runner.prompts or {}),
+                    min_truncate=runner.tokenizer.num_special_tokens_to_add(False) + 1)
     add_middleware(app, config, lifecycle, on_error=on_error)
     return app

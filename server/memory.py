@@ -4,9 +4,12 @@ The limit is the smallest of ``--memory-limit``, the cgroup's (v2 ``memory.max``
 ``memory.limit_in_bytes``) and the address-space limit (``RLIMIT_AS``, ``ulimit -v``). What the
 process already uses when serving starts (the model, the threads, the caches: ``baseline``) and
 a headroom (a quarter of what is left, at least 64 MiB: a batch's activations, allocator slack)
-are kept out; the rest is the requests' budget. Every request reserves its estimated bytes after
-tokenization, before it is queued (``estimate``: its tokens, as id lists and scheduler rows, and
-its answer's floats, as arrays and JSON text) and gives them back on every path out:
+are kept out; the rest is the requests' budget. Every request reserves its estimated bytes before
+any work on it, from its body alone (``text_token_bound``: a byte-level BPE token covers at least
+one byte, so the UTF-8 bytes bound the tokens; each input at most the input limit), shrinks the
+reservation to the exact estimate once tokenized, before it is queued (``estimate``: its tokens,
+as the tokenizer's encodings, id lists and scheduler rows, at the route's measured bytes per
+token, and its answer's floats, as arrays and JSON text), and gives them back on every path out:
 - an estimate over the whole budget can never fit: 413 naming the limit and what the request
   holds;
 - an estimate over what is left now (other requests hold the rest): 429, retry later.
@@ -18,12 +21,23 @@ from __future__ import annotations
 import contextlib
 import os
 import resource
+import unicodedata
 from typing import Iterator
 
 from server.http.errors import ApiError
 
 MIB = 1 << 20
 TOKEN_BYTES = 96  # an id in a Python list (object + pointer), its scheduler rows, its share of the batch
+# Peak bytes per token of each route's path, from the body's JSON and the tokenizer's encodings to
+# the batch's rows and the answer, beyond the headroom (which holds a batch's activations): the
+# first large request of each route on a warm server peaked at 133 MB for 158k tokens (/embed),
+# 129 MB for 79k (/v1/embeddings),
+# 72 MB for 82k (/rerank), 54 MB for 88k (/score, distinct text_1), 76 MB for 80k (/predict
+# pairs), tiny fixtures, 2-core EPYC at load ~25; tests/test_memory_costs.py checks each route's
+# estimate + MIN_HEADROOM against the process's own peak. Routes: embed (/embed, /v1/embeddings,
+# /similarity, ids), embed_all, rerank (one query), score (vLLM /score, any text_1), pairs
+# (/predict, /classify, /pooling: texts and pairs).
+TOKEN_BYTES_BY_COST = {"embed": 1024, "embed_all": 1024, "rerank": 640, "score": 640, "pairs": 768}
 FLOAT_BYTES = 32  # an answer float: the array's 4 bytes and ~25 bytes of JSON text being rendered
 MIN_HEADROOM = 64 * MIB
 HEADROOM_SHARE = 0.25
@@ -77,9 +91,28 @@ def detect_limit(flag: int | None) -> tuple[int | None, str]:
     return min(found) if found else (None, "none")
 
 
-def estimate(*, tokens: int, answer_floats: int) -> int:
+def estimate(*, tokens: int, answer_floats: int, token_bytes: int = TOKEN_BYTES) -> int:
     """Bytes a request holds while it is served: its tokens and its answer's floats."""
-    return tokens * TOKEN_BYTES + answer_floats * FLOAT_BYTES
+    return tokens * token_bytes + answer_floats * FLOAT_BYTES
+
+
+# NFC (the normalizer of the byte-level BPE tokenizers served) may grow a text: at most 3x in code
+# points (Unicode's stability policy), each at most 4 bytes as 1-byte ASCII never grows.
+NFC_GROWTH = 3
+
+
+def text_token_bound(text: str) -> int:
+    """At most how many tokens a byte-level BPE encodes ``text`` into, without tokenizing it.
+
+    Every token of a byte-level BPE covers at least one byte of the normalized UTF-8 text (an
+    added token covers several), so the bytes bound the tokens. ASCII (``str.isascii`` is O(1) on
+    CPython's compact strings) and NFC-normalized text is its own normal form; any other may grow
+    under NFC, by at most ``NFC_GROWTH`` times.
+    """
+    if text.isascii():
+        return len(text)
+    size = len(text.encode("utf-8", "surrogatepass"))
+    return size if unicodedata.is_normalized("NFC", text) else NFC_GROWTH * size
 
 
 class MemoryBudget:
@@ -103,8 +136,9 @@ class MemoryBudget:
         return cls(limit, source=source, baseline=baseline)
 
     @contextlib.contextmanager
-    def reserved(self, nbytes: int, *, what: str) -> Iterator[None]:
-        """Hold ``nbytes`` for the block: 413 when it can never fit, 429 when it does not fit now."""
+    def reserved(self, nbytes: int, *, what: str) -> Iterator["Held"]:
+        """Hold ``nbytes`` for the block: 413 when it can never fit, 429 when it does not fit now.
+        The block may ``shrink`` what it holds (an estimate made exact once the tokens are known)."""
         total = self.total
         if total is not None:
             if nbytes > total:
@@ -120,8 +154,22 @@ class MemoryBudget:
                     f"not enough memory left for this request now ({nbytes / MIB:.0f} MiB; requests in flight "
                     f"hold {self.in_use / MIB:.0f} of {total / MIB:.0f} MiB under {self.source}); retry later",
                 )
+        held = Held(self, nbytes)
         self.in_use += nbytes
         try:
-            yield
+            yield held
         finally:
-            self.in_use -= nbytes
+            self.in_use -= held.nbytes
+
+
+class Held:
+    """The bytes one request holds in a MemoryBudget."""
+
+    def __init__(self, budget: MemoryBudget, nbytes: int) -> None:
+        self.budget, self.nbytes = budget, nbytes
+
+    def shrink(self, nbytes: int) -> None:
+        """Hold ``nbytes`` instead, when that is less: the rest is free for other requests."""
+        if nbytes < self.nbytes:
+            self.budget.in_use -= self.nbytes - nbytes
+            self.nbytes = nbytes

@@ -208,6 +208,34 @@ def test_cache_salt_namespaces_hold_across_processes(embed_pair):
     assert computed("tenant-b") == first  # another one finds nothing
 
 
+def _health_until(url: str, healthy: bool, bound: float = 180.0) -> int:
+    """Poll /health until it answers 200 (``healthy``) or anything else; the bound catches a hang only."""
+    deadline = time.monotonic() + bound
+    while True:
+        assert time.monotonic() < deadline, f"/health never turned {'200' if healthy else 'non-200'}"
+        try:
+            code = httpx.get(url + "/health", timeout=60).status_code
+        except httpx.TransportError:
+            code = 0
+        if (code == 200) == healthy:
+            return code
+        time.sleep(0.05)
+
+
+def test_a_stopped_engine_turns_the_front_ends_health_non_200(embed_pair):
+    """SIGSTOP the engine: the front ends, still running, answer /health 503 (the engine's ping
+    goes unanswered); SIGCONT: 200 again."""
+    multi, _ = embed_pair
+    _health_until(multi.url, healthy=True)
+    os.kill(multi.proc.pid, signal.SIGSTOP)
+    try:
+        assert _health_until(multi.url, healthy=False) == 503
+        assert all(_running(p) for p in _children(multi.proc.pid))
+    finally:
+        os.kill(multi.proc.pid, signal.SIGCONT)
+    _health_until(multi.url, healthy=True)
+
+
 def test_a_killed_engine_takes_the_front_ends_down(embed_pair):
     multi, _ = embed_pair
     frontends = _children(multi.proc.pid)

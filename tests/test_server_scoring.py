@@ -205,3 +205,26 @@ def test_bad_score_bodies(reranker):
     assert httpx.post(srv.url + "/score", json={"text_1": "q", "text_2": ["d"] * 9}, timeout=60).status_code == 422
     assert httpx.post(srv.url + "/score", json={"text_1": "", "text_2": ["d"]}, timeout=60).status_code == 400
     assert httpx.post(srv.url + "/score", json={"text_1": "q"}, timeout=60).status_code == 422
+
+
+def _truncate_minimum(url: str, path: str) -> int:
+    body = httpx.get(url + "/openapi.json", timeout=60).json()["paths"][path]["post"]["requestBody"]
+    schema = body["content"]["application/json"]["schema"]
+    branches = schema["properties"]["truncate_prompt_tokens"]["anyOf"]
+    (counted,) = [b for b in branches if b.get("type") == "integer" and "enum" not in b]
+    return counted["minimum"]
+
+
+@pytest.mark.parametrize("which,path", [("classifier", "/classify"), ("reward", "/pooling")])
+def test_truncate_prompt_tokens_schema_equals_what_the_route_accepts(classifier, reward, which, path):
+    """The schema's minimum is the smallest n the route answers (the tokenizer's special tokens
+    plus one of the text); one less is refused, as the schema says."""
+    url = classifier[0]["off"].url if which == "classifier" else reward[0].url
+    tok = classifier[1] if which == "classifier" else reward[1]
+    least = _truncate_minimum(url, path)
+    assert least == tok.num_special_tokens_to_add(False) + 1
+    ok = httpx.post(url + path, json={"input": "word " * 50, "truncate_prompt_tokens": least}, timeout=60)
+    assert ok.status_code == 200, ok.text
+    if least > 1:
+        r = httpx.post(url + path, json={"input": "word " * 50, "truncate_prompt_tokens": least - 1}, timeout=60)
+        assert r.status_code == 422, r.text

@@ -39,7 +39,10 @@ def pair_tokens(*, overhead: int, bodies: Sequence[int], max_length: int) -> int
     return sum(min(overhead + b, max_length) for b in bodies)
 
 
-def check_pair_budget(tokens: int, *, documents: int, limit: int) -> None:
-    """Raise PairBudgetExceeded when `tokens` is over `limit` (0: no limit)."""
+def check_pair_budget(tokens: int, *, documents: int, limit: int, counted: tuple[int, int] = (0, 0)) -> None:
+    """Raise PairBudgetExceeded when `tokens` and the `counted` (tokens, pairs) of the request's
+    other queries are over `limit` together (0: no limit): one budget per request, whatever its shape
+    (/score's list of text_1 is one query per pair)."""
+    tokens, documents = tokens + counted[0], documents + counted[1]
     if limit > 0 and tokens > limit:
         raise PairBudgetExceeded(tokens, documents, limit)

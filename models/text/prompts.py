@@ -32,6 +32,7 @@ class InputTooLong(ValueError):
 
     def __init__(self, index: int, length: int, max_length: int, *, at_least: bool = False) -> None:
         held = f"at least {length}" if at_least else f"{length}"
+        self.at_least = at_least
         super().__init__(
             f"input {index} has {held} tokens, more than the maximum of {max_length}; "
             "shorten it or set truncate=true"
@@ -283,12 +284,14 @@ class RerankTemplate:
         truncate: bool,
         direction: str = "right",
         max_pair_tokens: int = 0,
+        counted: tuple[int, int] = (0, 0),
     ) -> list[list[int]]:
         """prefix + body + suffix per document; only the body is cut to fit ``max_length``.
 
         Raises QueryTooLong before any document is encoded when the shared part alone cannot fit
         and truncation is off or would cut from the right (every document cut out of its pair); PairBudgetExceeded when the pairs would hold more than
-        ``max_pair_tokens`` tokens together (0: no limit), counted before any pair is built;
+        ``max_pair_tokens`` tokens together (0: no limit), counted before any pair is built, on
+        top of ``counted`` (tokens, pairs) that other queries of the same request hold;
         InputTooLong naming the first document that does not fit. Every text is encoded on a window
         bounded by the budget (``encode_bounded``), so a huge query or document costs what can be kept.
         """
@@ -313,7 +316,7 @@ class RerankTemplate:
         parts = [(shared, next(piece_ids)) if ok else (next(body_ids), []) for ok in clean]
         bodies = [len(head) + len(tail) for head, tail in parts]
         check_pair_budget(pair_tokens(overhead=self.overhead, bodies=bodies, max_length=max_length),
-                          documents=len(documents), limit=max_pair_tokens)
+                          documents=len(documents), limit=max_pair_tokens, counted=counted)
         out = []
         for i, (head, tail) in enumerate(parts):
             if not truncate and len(head) + len(tail) > budget:

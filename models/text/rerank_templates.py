@@ -70,6 +70,7 @@ class BgeGemmaTemplate:
         truncate: bool,
         direction: str = "right",
         max_pair_tokens: int = 0,
+        counted: tuple[int, int] = (0, 0),
     ) -> list[list[int]]:
         """[bos] + body + sep + prompt per document; only the body is cut to fit ``max_length``.
 
@@ -91,7 +92,7 @@ class BgeGemmaTemplate:
             raise QueryTooLong(len(head) + 1 + overhead, max_length, truncating=truncate)
         tails = self._kept(["B: " + d for d in documents], budget, direction)
         check_pair_budget(pair_tokens(overhead=overhead, bodies=[len(head) + len(t) for t in tails],
-                                      max_length=max_length), documents=len(documents), limit=max_pair_tokens)
+                                      max_length=max_length), documents=len(documents), limit=max_pair_tokens, counted=counted)
         out = []
         for i, tail in enumerate(tails):
             if not truncate and len(head) + len(tail) > budget:

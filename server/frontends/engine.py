@@ -178,6 +178,8 @@ class Engine:
                 task.cancel()
         elif kind == "scrape":
             asyncio.get_running_loop().create_task(self._scrape(fe, msg[1]))
+        elif kind == "ping":  # answered on this loop: a stopped or stuck engine answers nothing
+            fe.channel.send(("pong", msg[1], self.scheduler is not None and self.scheduler.alive and not self.stopping))
         elif kind == "collected":
             future = self._collects.pop(msg[1], None)
             if future is not None and not future.done():

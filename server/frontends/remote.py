@@ -7,7 +7,9 @@ the outputs as the real scheduler returns them, or its error re-raised here as `
 off) sends a cancel, and the engine cancels its own submit, which drops the entries still
 queued. ``alive`` is the engine's word: false once it says its model worker died, or once the
 connection ends (the engine is gone); either fails every pending submit with ``WorkerDead`` and
-calls ``on_death`` once, which drains this front end and makes it exit non-zero. The engine may ask for this process's metric families at any time (a
+calls ``on_death`` once, which drains this front end and makes it exit non-zero. ``ping`` asks the
+engine for its health with a bound (/health: an engine stopped or stuck is unhealthy, not only a
+dead one). The engine may ask for this process's metric families at any time (a
 scrape on any front end gathers all of them); the answer is built on the event loop.
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ from server.frontends import wire
 log = logging.getLogger("radixserve.server")
 
 SCRAPE_TIMEOUT_S = 10.0
+PING_TIMEOUT_S = 2.0  # /health's wait for the engine's answer: past it the engine counts as stuck
 
 
 class RemoteScheduler:
@@ -93,6 +96,24 @@ class RemoteScheduler:
         finally:
             self._waiting.pop(sid, None)
 
+    async def ping(self, timeout: float = PING_TIMEOUT_S) -> bool:
+        """The engine's word on its health, within ``timeout`` seconds: True when its event loop
+        answered and its model worker runs; False when it said otherwise, did not answer in time
+        (stopped, stuck, swapped out) or is gone. /health asks on every call."""
+        if not self.alive:
+            return False
+        channel = await self._connected()
+        sid = next(self._ids)
+        future = channel.loop.create_future()
+        self._waiting[sid] = future
+        channel.send(("ping", sid))
+        try:
+            return bool(await asyncio.wait_for(future, timeout))
+        except (asyncio.TimeoutError, WorkerDead):
+            return False
+        finally:
+            self._waiting.pop(sid, None)
+
     async def _connected(self) -> wire.Channel:
         if not self.alive:
             raise WorkerDead("the engine process is not running")
@@ -131,7 +152,7 @@ class RemoteScheduler:
         elif kind == "error":
             _, sid, what, text = msg
             self._settle(sid, error=BatchFailed(text) if what == "batch" else WorkerDead(text))
-        elif kind == "scraped":
+        elif kind in ("scraped", "pong"):
             self._settle(sid=msg[1], result=msg[2])
         elif kind == "collect":
             assert self._channel is not None

@@ -11,10 +11,10 @@ shape (``pack_outputs``), never one pickled array per item.
 
 Messages are tuples whose first element names them:
 - front end -> engine: ``("submit", sid, items, request_id, all_tokens, namespace)``,
-  ``("cancel", sid)``, ``("scrape", sid)``, ``("collected", cid, families)``;
+  ``("cancel", sid)``, ``("scrape", sid)``, ``("ping", sid)``, ``("collected", cid, families)``;
 - engine -> front end: ``("hello", dict)`` (first), ``("result", sid, packed_outputs, queue_s,
   inference_s, compute_tokens)``, ``("error", sid, "batch" | "dead", message)``,
-  ``("scraped", sid, families)``, ``("collect", cid)``, ``("startup", seconds)``, ``("dead", reason)``.
+  ``("scraped", sid, families)``, ``("pong", sid, healthy)``, ``("collect", cid)``, ``("startup", seconds)``, ``("dead", reason)``.
 """
 from __future__ import annotations
 

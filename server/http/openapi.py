@@ -57,12 +57,12 @@ def _describe(status: int) -> str:
 
 
 def _bound_inputs(node: Any, *, max_items: int, vocab_size: int, hidden_size: int, rerank: bool,
-                  prompt_names: tuple[str, ...] = (), field: str | None = None) -> None:
+                  prompt_names: tuple[str, ...] = (), field: str | None = None, min_truncate: int = 1) -> None:
     """Add the server's input constraints to a request-body schema, in place."""
     if isinstance(node, list):
         for item in node:
             _bound_inputs(item, max_items=max_items, vocab_size=vocab_size, hidden_size=hidden_size,
-                          rerank=rerank, prompt_names=prompt_names, field=field)
+                          rerank=rerank, prompt_names=prompt_names, field=field, min_truncate=min_truncate)
         return
     if not isinstance(node, dict):
         return
@@ -88,14 +88,16 @@ def _bound_inputs(node: Any, *, max_items: int, vocab_size: int, hidden_size: in
         node.setdefault("pattern", DIRECTION_PATTERN)
     if field == "prompt_name" and node.get("type") == "string":
         node.setdefault("enum", sorted(prompt_names))
+    if field == "truncate_prompt_tokens" and node.get("type") == "integer" and "enum" not in node:
+        node["minimum"] = min_truncate  # n keeps the special tokens and at least one of the text's
     for key, value in node.items():
         if key == "properties" and isinstance(value, dict):
             for name, sub in value.items():
                 _bound_inputs(sub, max_items=max_items, vocab_size=vocab_size, hidden_size=hidden_size,
-                              rerank=rerank, prompt_names=prompt_names, field=name)
+                              rerank=rerank, prompt_names=prompt_names, field=name, min_truncate=min_truncate)
         elif key in ("anyOf", "oneOf", "allOf", "items", "prefixItems"):
             _bound_inputs(value, max_items=max_items, vocab_size=vocab_size, hidden_size=hidden_size,
-                          rerank=rerank, prompt_names=prompt_names, field=field)
+                          rerank=rerank, prompt_names=prompt_names, field=field, min_truncate=min_truncate)
 
 
 def paired(max_items: int) -> list[dict]:
@@ -107,7 +109,8 @@ def paired(max_items: int) -> list[dict]:
                                     for side in ("text_1", "text_2")}} for n in range(2, max_items + 1)]
 
 
-def refine(spec: dict, *, max_items: int, vocab_size: int, hidden_size: int, prompt_names: tuple[str, ...] = ()) -> dict:
+def refine(spec: dict, *, max_items: int, vocab_size: int, hidden_size: int, prompt_names: tuple[str, ...] = (),
+           min_truncate: int = 1) -> dict:
     """``spec`` (FastAPI's) made truthful, in place; see the module docstring."""
     schemas = spec.setdefault("components", {}).setdefault("schemas", {})
     schemas["ErrorTEI"], schemas["ErrorOpenAI"] = TEI_ERROR, OPENAI_ERROR
@@ -129,19 +132,19 @@ def refine(spec: dict, *, max_items: int, vocab_size: int, hidden_size: int, pro
                 body["anyOf"] = paired(max_items)
             if body is not None:
                 _bound_inputs(body, max_items=max_items, vocab_size=vocab_size, hidden_size=hidden_size,
-                              rerank="rerank" in path, prompt_names=prompt_names)
+                              rerank="rerank" in path, prompt_names=prompt_names, min_truncate=min_truncate)
     return spec
 
 
 def install_openapi(app: FastAPI, *, max_items: int, vocab_size: int, hidden_size: int,
-                    prompt_names: tuple[str, ...] = ()) -> None:
+                    prompt_names: tuple[str, ...] = (), min_truncate: int = 1) -> None:
     """Serve ``refine``'s schema from /openapi.json (built once, on first use)."""
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None or not app.openapi_schema.get("x-refined"):
             spec = refine(generate(), max_items=max_items, vocab_size=vocab_size, hidden_size=hidden_size,
-                          prompt_names=prompt_names)
+                          prompt_names=prompt_names, min_truncate=min_truncate)
             spec["x-refined"] = True
             app.openapi_schema = spec
         return app.openapi_schema

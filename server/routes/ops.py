@@ -2,13 +2,16 @@
 
 /info answers the dict built once at start-up (server/service/info.py). /health answers 200 only
 while the scheduler's model worker is alive, so a load balancer takes a server with a dead worker
-out of rotation. /metrics renders the app's own registry (one per app).
+out of rotation; on a front end (--api-server-count above 1) only while the engine process also
+answers a ping within PING_TIMEOUT_S (server/frontends/remote.py): a stopped or stuck engine is
+unhealthy too. /metrics renders the app's own registry (one per app).
 """
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from server.http.errors import ApiError
 from server.schemas.tei import InfoCompat
 from server.service.core import Service
 
@@ -29,6 +32,10 @@ class OpsRoutes:
 
     async def health(self) -> Response:
         self.service.check_alive()
+        ping = getattr(self.service.scheduler, "ping", None)  # a front end's: the engine's own word
+        if ping is not None and not await ping():
+            raise ApiError("unhealthy", "the engine process did not answer a health check in time, or its "
+                                        "model worker is not running")
         return Response(status_code=200)
 
     async def metrics(self) -> Response:

@@ -50,8 +50,10 @@ class VllmRoutes:
         """(truncate, direction, cap) for vLLM's truncate_prompt_tokens (None: the server's rule)."""
         if n is None:
             return self.service.truncate(None), "right", None
-        if n == 0:
-            raise ApiError("validation", "truncate_prompt_tokens must be -1 or at least 1")
+        least = self.service.runner.tokenizer.num_special_tokens_to_add(False) + 1  # the schema's minimum
+        if n == 0 or 0 < n < least:
+            raise ApiError("validation", f"truncate_prompt_tokens must be -1 or at least {least} (the special "
+                                         f"tokens this model adds and one token of the text)")
         return True, "left", None if n == -1 else n
 
     def _envelope(self, prefix: str, data: list, usage: Usage) -> bytes:

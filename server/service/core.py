@@ -1,9 +1,10 @@
 """The service every route calls: checks, permits, tokenization, the scheduler, domain results.
 
 Order of checks (cheapest first, none of them queues anything): model kind (400), empty input
-(400), too many inputs (422), worker alive (503), permits (429, at once); then tokenization (422
-on bad input), the memory budget (server/memory.py: 413 when the request can never fit, 429 when
-not now) and the scheduler. Routes run the checks their dialect needs, then call one of
+(400), too many inputs (422), worker alive (503), permits (429, at once), the memory budget for
+the most tokens the body can hold (server/memory.py: 413 when the request can never fit, 429 when
+not now); then tokenization (422 on bad input), the reservation shrunk to the tokens built, and
+the scheduler. Routes run the checks their dialect needs, then call one of
 ``embed``, ``embed_ids``, ``rerank``, ``similarity``, ``embed_all``, ``tokenize``, ``decode``
 and render the result (server/service/results.py). The invariants: permits taken for a request
 are given back on every path out, including a client that disconnects while its items wait in
@@ -24,10 +25,11 @@ from starlette.requests import Request
 from models.text import prompts
 from scheduler import BatchFailed, SubmitResult, WorkerDead, stages
 from scheduler.metrics import Metrics
+from server import allocator
 from server.http import cache_salt
 from server.http.errors import ApiError, ClientGone, internal_message
 from server.http.request_id import request_id
-from server.memory import MemoryBudget, estimate
+from server.memory import TOKEN_BYTES_BY_COST, MemoryBudget, estimate
 from server.service.contract import ServedRunner, ServedScheduler
 from server.service.encoding import render
 from server.service.heads import routes, use_instead
@@ -40,6 +42,7 @@ from server.service.tokenization import Tokenization
 log = logging.getLogger("radixserve.server")
 
 Items = list[list[int]]
+TRIM_AFTER_BYTES = 64 << 20  # a request that held this much: its freed memory is handed back after it
 
 
 @dataclass(frozen=True)
@@ -158,7 +161,8 @@ class Service:
         async def encode() -> Items:
             return await self.tok.embedding_inputs(texts, prompt=prompt, truncate=truncate, direction=direction)
 
-        outputs, usage = await self._infer(request, call, len(texts), encode)
+        outputs, usage = await self._infer(request, call, len(texts), encode, cost="embed",
+                                           bound=self.tok.bound(texts, shared=prompt))
         return await self._shaped(outputs, usage, dimensions=dimensions, normalize=normalize)
 
     async def embed_ids(self, request: Request, call: Call, ids: Sequence[Sequence[int]], *, truncate: bool,
@@ -169,7 +173,8 @@ class Service:
         async def encode() -> Items:
             return checked
 
-        outputs, usage = await self._infer(request, call, len(checked), encode)
+        outputs, usage = await self._infer(request, call, len(checked), encode, cost="embed",
+                                           bound=sum(map(len, checked)))
         return await self._shaped(outputs, usage, dimensions=dimensions, normalize=normalize)
 
     async def _shaped(self, outputs: list, usage: Usage, *, dimensions: int | None, normalize: bool) -> Embeddings:
@@ -187,7 +192,8 @@ class Service:
                 query, texts, instruction=instruction, truncate=truncate, direction=direction
             )
 
-        outputs, usage = await self._infer(request, call, len(texts), encode)
+        outputs, usage = await self._infer(request, call, len(texts), encode, cost="rerank",
+                                           bound=self.tok.bound(texts, shared=query + instruction, pairs=True))
         return Scores([float(s) for s in outputs], usage)
 
     async def similarity(self, request: Request, call: Call, texts: Sequence[str], *, prompt: str, truncate: bool,
@@ -197,7 +203,8 @@ class Service:
         async def encode() -> Items:
             return await self.tok.embedding_inputs(texts, prompt=prompt, truncate=truncate, direction=direction)
 
-        outputs, usage = await self._infer(request, call, len(texts), encode)
+        outputs, usage = await self._infer(request, call, len(texts), encode, cost="embed",
+                                           bound=self.tok.bound(texts, shared=prompt))
         values = await render(lambda: cosines(outputs), weight=len(outputs) * self.runner.hidden_size)
         return Similarities(values, usage)
 
@@ -222,7 +229,8 @@ class Service:
                 )
             return items
 
-        outputs, usage = await self._infer(request, call, len(texts), encode, all_tokens=True)
+        outputs, usage = await self._infer(request, call, len(texts), encode, all_tokens=True, cost="embed_all",
+                                           bound=min(cap, self.tok.bound(texts, shared=prompt)))
         return TokenStates(outputs, usage)
 
     async def tokenize(self, texts: Sequence[str], *, prompt_name: str | None, add_special_tokens: bool) -> bytes:
@@ -249,33 +257,50 @@ class Service:
 
     # -- the path -------------------------------------------------------------------------------
     async def _infer(self, request: Request, call: Call, n_items: int, encode: Callable[[], Awaitable[Items]], *,
-                     all_tokens: bool = False) -> tuple[list[Any], Usage]:
+                     bound: int, cost: str, all_tokens: bool = False) -> tuple[list[Any], Usage]:
         """Admit ``n_items``, build their token ids with ``await encode()``, run them, time them.
 
+        ``bound``: at most how many tokens ``encode`` builds, from the body alone
+        (``Tokenization.bound``): the memory budget is reserved for that many before any work,
+        then shrunk to the tokens built; ``cost``: the route's bytes per token (server/memory.py).
         ``all_tokens``: each output is the item's [L, E] per-token states instead of its pooled one.
         """
         if not self.scheduler.alive:
             rid = request_id(request)
             raise ApiError("unhealthy", f"the model worker is not running; retry later (request id {rid})")
-        with self.admitted(n_items):
+        width = 1 if self.runner.kind == "reranker" else self.runner.hidden_size  # a score, or a vector
+        per_token = TOKEN_BYTES_BY_COST[cost]
+
+        def bytes_for(tokens: int, items: int) -> int:
+            floats = (tokens if all_tokens else items) * (self.runner.hidden_size if all_tokens else width)
+            return estimate(tokens=tokens, answer_floats=floats, token_bytes=per_token)
+
+        with self.admitted(n_items), self.memory.reserved(
+                bytes_for(bound, n_items), what=f"up to {bound} tokens by its size, before tokenizing") as held:
             items = await encode()
             if stages.recorder is not None:  # opt-in stage stamps (benchmarks/bench_latency.py)
                 stages.recorder("tokenized", (request_id(request),))
             tokens = sum(map(len, items))
-            width = 1 if self.runner.kind == "reranker" else self.runner.hidden_size  # a score, or a vector
-            floats = (tokens if all_tokens else len(items)) * width
-            with self.memory.reserved(estimate(tokens=tokens, answer_floats=floats),
-                                      what=f"{tokens} tokens, an answer of {floats} floats"):
-                result = await self._submit(request, items, all_tokens=all_tokens)
+            held.shrink(bytes_for(tokens, len(items)))
+            result = await self._submit(request, items, all_tokens=all_tokens)
+        del items
+        if held.nbytes >= TRIM_AFTER_BYTES and self.memory.in_use == 0:
+            self._release_free_memory()
         total = time.perf_counter() - call.start
         m = self.metrics
         m.request_duration.observe(total)
         m.queue_duration.observe(result.queue_time_s)
         m.inference_duration.observe(result.inference_time_s)
         m.request_success.labels(method=call.method).inc()
-        usage = Usage(tokens=sum(len(i) for i in items), queue_s=result.queue_time_s,
+        usage = Usage(tokens=tokens, queue_s=result.queue_time_s,
                       inference_s=result.inference_time_s, total_s=total, compute_tokens=int(result.compute_tokens))
         return list(result.outputs), usage
+
+    def _release_free_memory(self) -> None:
+        """After a large request with none other in flight: hand malloc's free pages back to the
+        system in a worker thread (server/allocator.py; glibc keeps them otherwise)."""
+        with contextlib.suppress(RuntimeError):  # no thread to be had now: the next large request trims
+            asyncio.get_running_loop().run_in_executor(self.tok.executor, allocator.release_free_memory)
 
     async def _submit(self, request: Request, items: Items, *, all_tokens: bool) -> SubmitResult:
         """Await the scheduler; cancel the entries when the client goes away first."""

@@ -5,7 +5,8 @@ never blocks on the tokenizer (HF tokenizers releases the GIL inside its Rust ba
 except a short request (``short``: a few inputs, ~2k characters), encoded on the loop: that costs
 tens of microseconds, less than the hop to a thread and back.
 Prompt and truncation failures, and a rerank request over the pair-token budget
-(``max_pair_tokens``, models/text/pair_budget.py), surface as ApiError (422) in the route's dialect. /tokenize's
+(``max_pair_tokens``, models/text/pair_budget.py: one budget per request, however many distinct
+queries it holds), surface as ApiError (422) in the route's dialect. /tokenize's
 answer is bounded: at most ``max_display_tokens`` tokens per request, counted on prefixes of the
 inputs (work in proportion to the cap, ``count_capped``) before the full encode and any token
 object, and rendered to JSON bytes in the executor too.
@@ -22,11 +23,13 @@ from models.text import prompts
 from models.text import rerank_templates
 from scheduler.metrics import Metrics
 from server.http.errors import ApiError
+from server.memory import text_token_bound
 from server.service.contract import ServedRunner
 
 T = TypeVar("T")
 INLINE_TEXTS = 4  # requests with at most this many inputs ...
 INLINE_CHARS = 2048  # ... of at most this many characters together (prompt included) tokenize inline
+TEMPLATE_TEXT = 64  # bytes of format text a template writes around a rerank body ("<Query>: ", "A: ", ...)
 
 
 class Tokenization:
@@ -50,6 +53,12 @@ class Tokenization:
         self.special_ids = frozenset(
             i for i, tok in runner.tokenizer.get_added_tokens_decoder().items() if tok.special
         )
+        # Tokens an input may hold beyond its own text's bound: the special tokens (a pair's), the
+        # rerank template around the body and the body's own format text (< TEMPLATE_TEXT bytes).
+        template = self.rerank
+        around = len(template.prefix_ids) + len(template.suffix_ids) if isinstance(template, prompts.RerankTemplate) else 0
+        around += len(getattr(template, "bos_ids", ())) + 2 * len(getattr(template, "sep_ids", ()))
+        self.overhead = runner.tokenizer.num_special_tokens_to_add(True) + around + TEMPLATE_TEXT
         self.workers = workers
         self.executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="radixserve-tok")
 
@@ -96,6 +105,64 @@ class Tokenization:
             ),
             inline=short(documents, query + instruction),
         )
+
+    async def score_inputs(
+        self, pairs: Sequence[tuple[str, str]], *, instruction: str, truncate: bool, direction: str
+    ) -> list[list[int]]:
+        """Rerank inputs of (query, document) pairs with any number of distinct queries (vLLM's
+        /score with a list of text_1), in input order: each distinct query's template part once,
+        all of them in one pool call, under one ``max_pair_tokens`` budget for the whole request."""
+        template = self.rerank
+        assert template is not None, "rerank inputs need a reranker"
+        limit = self.max_pair_tokens
+
+        def encode() -> list[list[int]]:
+            order: dict[str, list[int]] = {}
+            for i, (query, _) in enumerate(pairs):
+                order.setdefault(query, []).append(i)
+            items: list = [None] * len(pairs)
+            tokens = documents = 0
+            for query, idx in order.items():
+                try:
+                    ids = template.encode(query, [pairs[i][1] for i in idx], instruction=instruction,
+                                          max_length=self.max_input_length, truncate=truncate, direction=direction,
+                                          max_pair_tokens=limit, counted=(tokens, documents))
+                except prompts.InputTooLong as exc:  # named by its place in the request
+                    raise prompts.InputTooLong(idx[exc.index], exc.length, exc.max_length,
+                                               at_least=exc.at_least) from None
+                tokens, documents = tokens + sum(map(len, ids)), documents + len(idx)
+                for i, one in zip(idx, ids):
+                    items[i] = one
+            return items
+
+        return await self._off_loop(encode, inline=len(pairs) <= INLINE_TEXTS and short(
+            [d for _, d in pairs], "".join({q for q, _ in pairs}) + instruction))
+
+    def bound(self, texts: Sequence[str | tuple[str, str]], *, shared: str = "", pairs: bool = False,
+              max_length: int | None = None) -> int:
+        """At most how many tokens ``texts`` become, from their sizes alone (no tokenizer): per
+        input, ``shared`` (a prompt, or a rerank query and instruction) + its text + the overhead,
+        at most the input limit (what truncation keeps, or the most a refused input could); for
+        rerank ``pairs`` at most the request's pair budget. O(1) per ASCII text (server/memory.py)."""
+        limit = self.max_input_length if max_length is None else max_length
+        extra = self.overhead + text_token_bound(shared)
+        total = 0
+        for t in texts:
+            size = sum(map(text_token_bound, t)) if isinstance(t, tuple) else text_token_bound(t)
+            total += min(limit, extra + size)
+        return min(total, self.max_pair_tokens) if pairs and self.max_pair_tokens > 0 else total
+
+    def score_bound(self, pairs: Sequence[tuple[str, str]], *, instruction: str) -> int:
+        """``bound`` of (query, document) pairs with any number of distinct queries."""
+        queries: dict[str, int] = {}
+        extra = self.overhead + text_token_bound(instruction)
+        total = 0
+        for query, doc in pairs:
+            q = queries.get(query)
+            if q is None:
+                q = queries[query] = text_token_bound(query)
+            total += min(self.max_input_length, extra + q + text_token_bound(doc))
+        return min(total, self.max_pair_tokens) if self.max_pair_tokens > 0 else total
 
     def check_token_ids(self, items: Sequence[Sequence[int]], *, truncate: bool) -> list[list[int]]:
         """Pre-tokenized inputs: every id in the vocabulary; cut (right) or refuse when too long."""
