@@ -21,6 +21,14 @@ a new request-cycle object exactly when a request head is complete, so one mixin
   parsers have no limit of their own, or h11's 400 at 16 KiB). A line over ``HEAD_LINE_LIMIT``
   or a head over ``HEAD_TOTAL_LIMIT`` (nginx's 8 KiB x 4) gets a 431 and the connection is
   closed, so parsing work per connection is bounded whatever a client sends.
+- request framing: a complete head is checked (``framing_problem``) before the parser sees its
+  last bytes, so both stacks refuse the same ambiguous framings (RFC 9112 sections 3.2, 5.2, 6.1,
+  6.3) with a 400 and close the connection: Content-Length together with Transfer-Encoding (h11
+  would read the body by Transfer-Encoding and keep the connection, the request-smuggling
+  pattern), a Transfer-Encoding other than one ``chunked``, more than one Content-Length or one
+  that is not a decimal number, an obs-folded header line, a line ended by a bare LF, and an
+  HTTP/1.1 request without exactly one Host. Heads pipelined behind a request in work reach the
+  parser unchecked; FrontDoor (server/http/front_door.py) checks their headers again.
 
 Invariant: a connection is in ``Connections.idle`` iff its head timer is armed; its head counts
 (``_head_bytes``, ``_line_bytes``) are those of the head being received while the timer is armed.
@@ -30,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import json
 import logging
 import resource
 import socket
@@ -38,7 +47,7 @@ from typing import Any
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from server.http.errors import error_bytes
+from server.http.errors import error_body, error_bytes
 
 log = logging.getLogger("radixserve.server")
 
@@ -172,6 +181,7 @@ class HeadTimeout:
     _head_bytes: int = 0  # bytes of the head being received
     _line_bytes: int = 0  # bytes of its current (unfinished) line
     _head_tail: bytes = b""  # its last 3 bytes: a blank line split across two reads
+    _head_seen: bytearray  # its bytes so far (at most HEAD_TOTAL_LIMIT): checked when whole
     # set by the protocol class (uvicorn's attributes)
     transport: Any
     loop: Any
@@ -182,6 +192,7 @@ class HeadTimeout:
         no_delay(transport)
         self._head_timer: asyncio.TimerHandle | None = None
         self._counted = False
+        self._head_seen = bytearray()
         super().connection_made(transport)  # type: ignore[misc]
         book = self.connections_book
         if book is not None:
@@ -215,20 +226,33 @@ class HeadTimeout:
             longest = max(self._line_bytes + first, *map(len, inner)) if inner else self._line_bytes + first
             self._line_bytes = len(region) - last - 1
         if longest <= HEAD_LINE_LIMIT and self._head_bytes <= HEAD_TOTAL_LIMIT:
-            if ends:  # the head is complete: the parser takes over
-                self._head_bytes = self._line_bytes = 0
-                self._head_tail = b""
-            else:
+            if not ends:
                 self._head_tail = joined[-3:]
-            return True
+                self._head_seen += region
+                return True
+            head = bytes(self._head_seen + region)  # the head is complete
+            self._head_seen.clear()
+            self._head_bytes = self._line_bytes = 0
+            self._head_tail = b""
+            problem = framing_problem(head)
+            if problem is None:
+                return True  # the parser takes over
+            self._disarm()
+            body = json.dumps(error_body("validation", problem, path="")).encode()
+            self._refuse(400, b"Bad Request", body)
+            return False
         what = (f"a request-head line over {HEAD_LINE_LIMIT} bytes" if longest > HEAD_LINE_LIMIT
                 else f"a request head over {HEAD_TOTAL_LIMIT} bytes")
         self._disarm()
         status, body = error_bytes("header_too_large", f"{what}: send shorter headers", path="")
-        self.transport.write(b"HTTP/1.1 %d Request Header Fields Too Large\r\ncontent-type: application/json\r\n"
-                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (status, len(body), body))
-        self.transport.close()
+        self._refuse(status, b"Request Header Fields Too Large", body)
         return False
+
+    def _refuse(self, status: int, reason: bytes, body: bytes) -> None:
+        """Answer a JSON error before the parser saw the request, and close the connection."""
+        self.transport.write(b"HTTP/1.1 %d %s\r\ncontent-type: application/json\r\n"
+                             b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (status, reason, len(body), body))
+        self.transport.close()
 
     def on_response_complete(self) -> None:
         self._arm()  # NOTE: before super(): it may start a pipelined request at once
@@ -246,6 +270,7 @@ class HeadTimeout:
         self._disarm()
         self._head_bytes = self._line_bytes = 0
         self._head_tail = b""
+        self._head_seen = bytearray()
         if not self.transport.is_closing():
             self._armed_cycle = self.cycle  # a new cycle object = a complete new request head
             self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_timeout)
@@ -273,6 +298,61 @@ class HeadTimeout:
         log.info("closing a connection from %s: no complete request head within %.1f s",
                  self.client, self.header_timeout_s)
         self.transport.close()
+
+
+def framing_problem(head: bytes, *, need_host: bool = True) -> str | None:
+    """Why a whole request head (up to its blank line) frames its request ambiguously, or None.
+
+    Refused: a line ended by a bare LF; an obs-folded line; Content-Length with Transfer-Encoding;
+    a Transfer-Encoding other than a single ``chunked`` (every Transfer-Encoding line counts);
+    a Content-Length repeated or not a decimal number; an HTTP/1.1 request without exactly one
+    Host (``need_host``). Anything else malformed is left to the parser (it answers 400 on both
+    stacks).
+    """
+    lines = head.split(b"\n")[:-1]  # the head ends with LF: the last piece is empty
+    if any(not line.endswith(b"\r") for line in lines):
+        return "a request-head line ends with a bare LF: end every line with CRLF"
+    lines = [line[:-1] for line in lines]
+    while lines and not lines[0]:
+        lines.pop(0)  # empty lines before the request line are allowed (RFC 9112 section 2.2)
+    if not lines:
+        return None
+    request_line, fields = lines[0], lines[1:-1]
+    lengths: list[bytes] = []
+    codings: list[bytes] = []
+    hosts = 0
+    for line in fields:
+        if line[:1] in (b" ", b"\t"):
+            return "an obs-folded header line (starting with whitespace): send each header on one line"
+        name, colon, value = line.partition(b":")
+        if not colon:
+            return None  # not a header line: the parser's 400
+        name = name.lower()
+        if name == b"content-length":
+            lengths += value.split(b",")
+        elif name == b"transfer-encoding":
+            codings += [c.strip().lower() for c in value.split(b",")]
+        elif name == b"host":
+            hosts += 1
+    if codings and lengths:
+        return "both Content-Length and Transfer-Encoding: send one of them"
+    if codings and codings != [b"chunked"]:
+        return "unsupported Transfer-Encoding: send the body with Content-Length or Transfer-Encoding: chunked alone"
+    if len(lengths) > 1:
+        return "more than one Content-Length: send one"
+    if lengths and not lengths[0].strip(b" \t").isdigit():
+        return "invalid Content-Length: send the body's size in bytes as a decimal number"
+    if need_host and request_line.rstrip().endswith(b" HTTP/1.1") and hosts != 1:
+        return "an HTTP/1.1 request needs exactly one Host header"
+    return None
+
+
+def scope_framing_problem(scope) -> str | None:
+    """``framing_problem`` of an ASGI request's parsed head (its version and header lines), Host
+    aside: in-process callers (server/batch/inprocess.py) send HTTP/1.1 scopes without one."""
+    version = str(scope.get("http_version", "1.1")).encode("ascii", "replace")
+    lines = [b"X / HTTP/" + version] + [bytes(k) + b": " + bytes(v) for k, v in scope.get("headers", ())]
+    return framing_problem(b"\r\n".join([*lines, b"", b""]), need_host=False)
 
 
 class HeadTimeoutH11(HeadTimeout, H11Protocol):

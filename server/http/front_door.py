@@ -8,7 +8,10 @@ covered by default; the GET routes only describe the server: /info, /health, /pi
 identity (415); and reads the body,
 refusing one over the payload limit (413, judged from Content-Length and again while reading, so
 a chunked body cannot slip past) or one that does not arrive within ``body_timeout_s`` of the
-headers (408).
+headers (408). A request whose headers frame it ambiguously (``scope_framing_problem``: Content-
+Length with Transfer-Encoding, a transfer coding other than chunked) gets a 400
+and the connection closes; the connection refuses these before parsing (server/http/connections.py),
+this check covers heads pipelined behind a request in work.
 Per-item admission (429) is the service layer's (server/service/permits.py).
 """
 from __future__ import annotations
@@ -16,10 +19,12 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import json
 
 from scheduler import stages
 from server.http import request_id
-from server.http.errors import send_error
+from server.http.connections import scope_framing_problem
+from server.http.errors import error_body, send_error
 
 OPEN_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # OPTIONS: CORS preflights carry no credentials
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -76,6 +81,16 @@ def content_encoding(value: bytes | None) -> str | None:
             "(the server does not decode request bodies)")
 
 
+async def send_bad_request(send, message: str, path: str) -> None:
+    """A 400 (``Validation``) in the route's dialect, closing the connection: the request's framing
+    cannot be trusted, so nothing after it on the connection can be either."""
+    body = json.dumps(error_body("validation", message, path=path)).encode()
+    await send({"type": "http.response.start", "status": 400, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close")]})
+    await send({"type": "http.response.body", "body": body})
+
+
 class FrontDoor:
     """ASGI middleware: request id, API key (401), Content-Type and -Encoding (415), payload limit
     (413) and body read timeout (408), each error in its route's dialect. With
@@ -116,6 +131,10 @@ class FrontDoor:
     async def _check(self, scope, receive, send) -> None:
         path = scope.get("path", "")
         method = scope.get("method", "GET")
+        framing = scope_framing_problem(scope)
+        if framing is not None:
+            await send_bad_request(send, framing, path)
+            return
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
         if self.key_digest is not None and method not in OPEN_METHODS:
             if not bearer_matches(headers.get(b"authorization"), self.key_digest):
