@@ -44,6 +44,7 @@ CASES = {
     "chunk_extension_bare_lf": (post(HOST, TE, body=b"e;ext=1\n" + BODY + b"\r\n0\r\n\r\n"), [400]),
     "no_host_http11": (post(b"Content-Length: 14"), [400]),
     "request_line_bare_lf": (b"GET /info HTTP/1.1\nHost: x\r\n\r\n", [400]),
+    "empty_line_before_request": (b"\r\nGET /info HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n", [400]),
     "smuggled_after_cl_te": (post(HOST, b"Content-Length: 5", TE, body=b"0\r\n\r\n" + SMUGGLED), [400]),
     # heads pipelined behind a request in work: the front door's check (or the parser's)
     "pipelined_cl_te": (b"GET /info HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -105,7 +106,7 @@ def test_smuggled_request_is_not_served(server):
 
 @pytest.mark.parametrize("head, problem", [
     (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\n\r\n", None),
-    (b"\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n", None),
+    (b"\r\nGET / HTTP/1.1\r\nHost: x\r\n\r\n", "empty line"),
     (b"GET / HTTP/1.0\r\n\r\n", None),
     (b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: Chunked\r\n\r\n", None),
     (b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", "both"),

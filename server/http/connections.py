@@ -26,9 +26,10 @@ a new request-cycle object exactly when a request head is complete, so one mixin
   6.3) with a 400 and close the connection: Content-Length together with Transfer-Encoding (h11
   would read the body by Transfer-Encoding and keep the connection, the request-smuggling
   pattern), a Transfer-Encoding other than one ``chunked``, more than one Content-Length or one
-  that is not a decimal number, an obs-folded header line, a line ended by a bare LF, and an
-  HTTP/1.1 request without exactly one Host. Heads pipelined behind a request in work reach the
-  parser unchecked; FrontDoor (server/http/front_door.py) checks their headers again.
+  that is not a decimal number, an obs-folded header line, a line ended by a bare LF, an empty
+  line before the request line, and an HTTP/1.1 request without exactly one Host. Heads
+  pipelined behind a request in work reach the parser unchecked; FrontDoor
+  (server/http/front_door.py) checks their headers again.
 
 Invariant: a connection is in ``Connections.idle`` iff its head timer is armed; its head counts
 (``_head_bytes``, ``_line_bytes``) are those of the head being received while the timer is armed.
@@ -303,7 +304,8 @@ class HeadTimeout:
 def framing_problem(head: bytes, *, need_host: bool = True) -> str | None:
     """Why a whole request head (up to its blank line) frames its request ambiguously, or None.
 
-    Refused: a line ended by a bare LF; an obs-folded line; Content-Length with Transfer-Encoding;
+    Refused: a line ended by a bare LF; an empty line before the request line; an obs-folded
+    line; Content-Length with Transfer-Encoding;
     a Transfer-Encoding other than a single ``chunked`` (every Transfer-Encoding line counts);
     a Content-Length repeated or not a decimal number; an HTTP/1.1 request without exactly one
     Host (``need_host``). Anything else malformed is left to the parser (it answers 400 on both
@@ -313,8 +315,9 @@ def framing_problem(head: bytes, *, need_host: bool = True) -> str | None:
     if any(not line.endswith(b"\r") for line in lines):
         return "a request-head line ends with a bare LF: end every line with CRLF"
     lines = [line[:-1] for line in lines]
-    while lines and not lines[0]:
-        lines.pop(0)  # empty lines before the request line are allowed (RFC 9112 section 2.2)
+    if lines and not lines[0]:
+        # NOTE: RFC 9112 section 2.2 lets a server skip them; h11 refuses them, so both do
+        return "an empty line before the request line: start with the request line"
     if not lines:
         return None
     request_line, fields = lines[0], lines[1:-1]
