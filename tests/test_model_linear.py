@@ -63,7 +63,7 @@ def test_runner_logs_which_path_runs(tiny_embedding_dir, monkeypatch, caplog):
     assert "linear layers: fp32 weights, onednn-packed" in caplog.text
     off = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32", prefix_cache_size=0,
                       cpu_packed_weights=False)
-    assert off.linear == "F.linear"
+    assert off.report.linear == "F.linear"
     # The same weights, packed or not, give the same embeddings.
     ids = torch.tensor([5, 6, 7, 8, 9, 10], dtype=torch.int32)
     cu = torch.tensor([0, 4, 6], dtype=torch.int32)
@@ -75,7 +75,7 @@ def test_runner_logs_which_path_runs(tiny_embedding_dir, monkeypatch, caplog):
     caplog.clear()
     monkeypatch.setattr(linear, "_reorder", lambda w: (_ for _ in ()).throw(RuntimeError("no kernel")))
     broken = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32", prefix_cache_size=0)
-    assert broken.linear == "F.linear"
+    assert broken.report.linear == "F.linear"
     warned = [r for r in caplog.records if r.levelno == logging.WARNING and "linear layers" in r.message]
     assert warned and "RuntimeError: no kernel" in warned[0].message
 

@@ -45,11 +45,11 @@ def test_cpu_packed_weights_flag_reaches_the_runner(tiny_embedding_dir):
 
     argv = ["--model-id", str(tiny_embedding_dir), "--prefix-cache-size", "0"]
     served = load_runner(parse_config(argv, environ={}))
-    assert served.linear == "onednn-packed"
+    assert served.report.linear == "onednn-packed"
     # serving keeps one copy: the dense linear weights are freed once packed
     assert all(m.weight.numel() == 0 for m in served.model.modules() if hasattr(m, "dense_dropped"))
     off = parse_config(argv + ["--cpu-packed-weights", "false"], environ={})
-    assert load_runner(off).linear == "F.linear"
+    assert load_runner(off).report.linear == "F.linear"
 
 
 def test_tree_attention_flag_reaches_the_runner(tiny_embedding_dir):
