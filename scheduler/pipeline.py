@@ -15,15 +15,15 @@ The prep thread forms a batch from a snapshot of the waiting queue (no lock held
 runs), packs it (input_ids [N], cu_seqlens [B+1] int32) and calls ``runner.prepare``, which builds
 and gates the trie itself; it hands the result over a queue of size 1. The worker executes the
 batch (``runner.run``); its outputs are delivered in launch order: every entry is resolved with its
-own output, or with an error. The runner is any ``ModelRunner`` (scheduler/contract.py), read through nothing
-else. Invariants: while the worker runs batch k,
-the prep thread is already preparing batch k+1 (never k+2: one slot); an ``Exception`` in any
-step fails only that batch's entries (BatchFailed, a generic message; the log has the details);
-a ``BaseException`` or a bug outside the per-batch guards kills a thread, and then ``on_death``
-takes the whole pipeline down; so does a device fault (``_fail`` turns a sticky CUDA error into
-``DeviceFault``, scheduler/faults.py), while out of memory fails only its batch. Before its first
-batch the worker runs the optional ``warm_up`` (per-thread handles are made on the serving
-thread). State shared between the threads goes through the hand-off queue, a lock, or an Event.
+own output, or with an error. The runner is any ``ModelRunner`` (scheduler/contract.py), read
+through nothing else. Invariants: while the worker runs batch k, the prep thread is already
+preparing batch k+1 (never k+2: one slot); an ``Exception`` in any step fails only that batch's
+entries (BatchFailed, a generic message; the log has the details); a ``BaseException`` or a bug
+outside the per-batch guards kills a thread, and then ``on_death`` takes the whole pipeline down;
+so does a device fault (``_fail`` turns a sticky CUDA error into ``DeviceFault``,
+scheduler/faults.py), while out of memory fails only its batch. Before its first batch the worker
+runs the optional ``warm_up`` (per-thread handles are made on the serving thread). State shared
+between the threads goes through the hand-off queue, a lock, or an Event.
 """
 from __future__ import annotations
 
@@ -50,8 +50,7 @@ from .waiting import WaitQueue
 log = logging.getLogger(__name__)
 
 _STOP = object()  # sentinel on the hand-off queue: no more batches
-# How a batch's entries end, reported at once: [(entry, (output, queue time s, forward time s,
-# tokens computed) or None, error or None)].
+# A batch's entries' ends at once: [(entry, (output, queue s, forward s, tokens) or None, error or None)]
 Resolve = Callable[[list[tuple[Entry, Any, BaseException | None]]], None]
 _POLL_S = 0.05  # how often blocked threads look at the dead flag
 IN_FLIGHT = 2  # batches launched and not yet settled: the one computing and the one queued behind it
@@ -59,8 +58,7 @@ SETTLE_ON_DEATH_S = 10.0  # at most this long for launched batches to be deliver
 
 
 def _pending(out: Any) -> bool:
-    """Is ``out`` a ``PendingOutput``? Its one method, looked up directly: a runtime Protocol
-    check walks the Protocol's attributes on every call."""
+    """Is ``out`` a ``PendingOutput``? Its one method, looked up directly (a Protocol check is slow)."""
     return callable(getattr(out, "result", None))
 
 
@@ -380,11 +378,8 @@ class Pipeline:
 
     # -- either thread --------------------------------------------------------------------------
     def _fail(self, batch: _Batch, stage: str, exc: Exception) -> None:
-        """Fail this batch only: the details go to the log, a generic error to the clients.
-
-        Out of memory also releases the allocator's cached blocks and is counted; a device fault
-        (scheduler/faults.py) answers the batch 503 and raises DeviceFault, ending the pipeline.
-        """
+        """Fail this batch only (details to the log, a generic error to the clients); out of memory
+        also frees the allocator's cache, a device fault answers 503 and raises DeviceFault."""
         fault = classify(exc)
         if fault == "fatal":
             log.critical("batch %d hit a device fault at %s: %s: %s; requests %s; the device is unusable, "

@@ -4,16 +4,8 @@
 Rerank answers sort by relevance (sigmoid of the raw score), descending, ties in input order;
 ``top_n`` applies after sorting.
 
-input_type -> prompt (an embedding model's sentence-transformers prompts):
-- search_query: the prompt named "query" (Qwen3-Embedding's instruction), else the server default;
-- search_document: the prompt named "document" (Qwen3-Embedding's is empty), else none;
-- classification / clustering: the prompt of that name if the model defines one, else the
-  document prompt: both are symmetric tasks (every text plays the same role), and a web-search
-  query instruction on both sides would skew them;
-- absent: the server's default prompt, exactly as POST /embed with no prompt_name.
-Vectors are L2-normalized (as /embed's default and Cohere's own); ``output_dimension`` truncates
-first (Matryoshka). Embedding types: float and base64 (little-endian float32 bytes); the
-quantized types are refused with a 422 that says so.
+Embed answers (input_type -> prompt, normalization, embedding types) are built by
+server/service/cohere_embed.py, which TEI's POST / shares.
 """
 from __future__ import annotations
 
