@@ -2,6 +2,7 @@
 
     python -m benchmarks.host_ceiling [--loads embed-template rerank one-input] [--duration 4]
         [--requests N] [--cache default 0] [--api-servers 1 2] [--rounds 6] [--json]
+        [--checkout before=/path/to/other/clone --checkout after=.]
 
 Each server is the real CLI (``server.cli.main``: HTTP stack, JSON, tokenization, scheduler,
 trie, prefix cache plan and commit) in a subprocess, on the tiny fixtures, with the runner's
@@ -23,7 +24,10 @@ batch at an idle pipeline runs on the prep thread instead: ``worker batches`` co
 server process through an opt-in hook (``--serve-child``, answering "stats" on stdin) from each
 thread's CPU clock (``time.pthread_getcpuclockid``). Last, each setting against the first of its
 load, round by round (the two ran one right after the other, so a slow spell of the machine
-mostly cancels in their ratio), with the median. With front-end processes (``--api-servers``
+mostly cancels in their ratio), with the median. With ``--checkout NAME=DIR`` (repeatable) every
+setting runs once per checkout, each server started from that directory (its own code, the same
+Python and fixtures), so two commits are compared side by side; the child hook it needs is in every
+checkout that has this file. With front-end processes (``--api-servers``
 above 1) the threads are the engine's; each front end's CPU time is read from /proc (its
 utime + stime) and reported per process (``frontends``: their sum, ``each``: per front end), and
 ``all`` is the engine's plus theirs. Nothing is asserted; the figures are in
@@ -154,17 +158,21 @@ class Server:
     """One child server: ``stats()`` asks it for its CPU clocks."""
 
     def __init__(self, preset: str, cache: str, port: int, extra: list[str], *, log: bool = False,
-                 api_servers: int = 1) -> None:
+                 api_servers: int = 1, checkout: str = "") -> None:
         import fixtures
 
         model = str(fixtures.cached(preset))
         self.name, self.url = f"{preset} cache={cache} api-servers={api_servers}", f"http://127.0.0.1:{port}"
+        env = None
+        if checkout:  # the server runs that directory's code
+            env = {**os.environ, "PYTHONPATH": os.path.abspath(checkout)}
         self.api_servers = api_servers
         argv = ["--model-id", model, "--hostname", "127.0.0.1", "--port", str(port),
                 "--prefix-cache-size", cache, *extra]
         if api_servers > 1:
             argv += ["--api-server-count", str(api_servers)]
         self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.host_ceiling", "--serve-child", *argv],
+                                     cwd=os.path.abspath(checkout) if checkout else None, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                      stderr=None if log else subprocess.DEVNULL)
 
@@ -307,22 +315,25 @@ def merge(runs: list[dict]) -> dict:
 
 def host_ceiling(loads: list[str], caches: list[str], *, rounds: int = 6, duration: float | None = 4.0,
                  requests: int | None = None, concurrency: int = 8, queries: int | None = None,
-                 extra: list[str] | None = None, log: bool = False, api_servers: tuple[int, ...] = (1,)) -> list[dict]:
-    """One row per (load, cache setting, front-end count): the figures of ``figures``, summed over
-    the rounds."""
-    arms = [(cache, n) for cache in caches for n in api_servers]
-    servers: dict[tuple[str, tuple[str, int]], Server] = {}
+                 extra: list[str] | None = None, log: bool = False, api_servers: tuple[int, ...] = (1,),
+                 checkouts: dict[str, str] | None = None) -> list[dict]:
+    """One row per (checkout, load, cache setting, front-end count): the figures of ``figures``,
+    summed over the rounds. ``checkouts`` maps a name to a directory whose code a server runs
+    (none: this one's)."""
+    trees = checkouts or {"": ""}
+    arms = [(tree, cache, n) for tree in trees for cache in caches for n in api_servers]
+    servers: dict[tuple[str, tuple[str, str, int]], Server] = {}
     try:
         for preset in dict.fromkeys(LOADS[name].preset for name in loads):
-            for cache, n in arms:
-                servers[(preset, (cache, n))] = Server(preset, cache, free_port(), list(extra or []), log=log,
-                                                       api_servers=n)
+            for tree, cache, n in arms:
+                servers[(preset, (tree, cache, n))] = Server(preset, cache, free_port(), list(extra or []),
+                                                             log=log, api_servers=n, checkout=trees[tree])
         for s in servers.values():
             s.wait()
         seconds = duration if duration is not None else max(1.0, (requests or 0) / 10)
         reqs = {name: requests_of(LOADS[name], queries or int(LOADS[name].queries_per_s * seconds * rounds))
                 for name in loads}
-        got: dict[tuple[str, tuple[str, int]], list[dict]] = {(n, a): [] for n in loads for a in arms}
+        got: dict[tuple[str, tuple[str, str, int]], list[dict]] = {(n, a): [] for n in loads for a in arms}
         sent = dict.fromkeys(got, 0)  # each server walks its own way through the list: no request twice
         for r in range(rounds):
             for name in loads:
@@ -336,13 +347,14 @@ def host_ceiling(loads: list[str], caches: list[str], *, rounds: int = 6, durati
     finally:
         for s in servers.values():
             s.stop()
-    return [{"load": n, "prefix_cache_size": c, "api_server_count": k, **merge(runs),
+    return [{"load": n, **({"checkout": t} if t else {}), "prefix_cache_size": c, "api_server_count": k,
+             **merge(runs),
              "per_round": [{key: r[key] for key in ("all_cpu_s_per_1m_tokens", "tokens_per_s")} for r in runs]}
-            for (n, (c, k)), runs in got.items()]
+            for (n, (t, c, k)), runs in got.items()]
 
 
 def table(rows: list[dict]) -> str:
-    head = ["load", "cache", "api servers", "tok/s", "items/s", "batches", "tok/batch", "CPU-s/1M", *GROUPS,
+    head = ["load", "checkout", "cache", "api servers", "tok/s", "items/s", "batches", "tok/batch", "CPU-s/1M", *GROUPS,
             "worker batches", "worker ms/batch", "frontends CPU-s/1M (each)", "all CPU-s/1M"]
     lines = [" | ".join(head), " | ".join("---" for _ in head)]
     for r in rows:
@@ -350,7 +362,7 @@ def table(rows: list[dict]) -> str:
             lines.append(f"(the {r['load']} list ran out and repeated: --queries more)")
         by = r["cpu_s_per_1m_tokens_by_thread"]
         lines.append(" | ".join(str(x) for x in [
-            r["load"], r["prefix_cache_size"], r["api_server_count"], r["tokens_per_s"], r["items_per_s"],
+            r["load"], r.get("checkout", "."), r["prefix_cache_size"], r["api_server_count"], r["tokens_per_s"], r["items_per_s"],
             r["batches"], r["tokens_per_batch"], r["cpu_s_per_1m_tokens"], *(by[g] for g in GROUPS),
             r["worker_batches"], r["worker_non_forward_ms_per_batch"],
             f"{r['frontends_cpu_s_per_1m_tokens']} ({', '.join(map(str, r['frontends_cpu_s_per_1m_tokens_each']))})",
@@ -379,13 +391,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--server-arg", action="append", default=[], metavar="ARG",
                     help="extra server flag, repeatable (e.g. --server-arg=--max-batch-tokens --server-arg=32768)")
     ap.add_argument("--json", action="store_true", help="one JSON object per row instead of the table")
+    ap.add_argument("--checkout", action="append", default=[], metavar="NAME=DIR",
+                    help="run every setting from this checkout's code too, alternated (repeatable; the "
+                         "first is the base of the paired ratios)")
     a = ap.parse_args(argv)
+    checkouts = dict(c.split("=", 1) for c in a.checkout) or None
     from server.config import ServerConfig
 
     caches = [ServerConfig.prefix_cache_size if c == "default" else c for c in a.cache]
     rows = host_ceiling(a.loads, caches, rounds=a.rounds, duration=None if a.requests else a.duration,
                         requests=a.requests, concurrency=a.concurrency, queries=a.queries,
-                        extra=a.server_arg, log=a.log, api_servers=tuple(a.api_servers))
+                        extra=a.server_arg, log=a.log, api_servers=tuple(a.api_servers),
+                        checkouts=checkouts)
     pairs = paired(rows)
     if a.json:
         print("\n".join(json.dumps(r) for r in [*rows, *pairs]))

@@ -38,7 +38,8 @@ def paired(rows: list[dict]) -> list[dict]:
 
 
 def _arm(row: dict) -> str:
-    return f"--prefix-cache-size {row['prefix_cache_size']} --api-server-count {row['api_server_count']}"
+    tree = f"{row['checkout']}: " if row.get("checkout") else ""
+    return f"{tree}--prefix-cache-size {row['prefix_cache_size']} --api-server-count {row['api_server_count']}"
 
 
 def paired_table(pairs: list[dict]) -> str:

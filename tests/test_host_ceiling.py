@@ -73,3 +73,20 @@ def test_paired_ratios_are_taken_round_by_round():
     assert p["paired"] and "--prefix-cache-size auto" in p["arm"] and "--prefix-cache-size 0" in p["against"]
     assert paired([on]) == []  # one arm: nothing to pair
     assert "median 1.2" in paired_table([p])
+
+
+def test_checkouts_run_their_own_code(tmp_path):
+    """Each ``--checkout`` arm's server runs from its directory: this repository twice gives one row
+    per checkout and their paired ratio; a directory without the code gives a server that never
+    answers (the benchmark stops with the reason, not a figure of the wrong code)."""
+    import pathlib
+
+    root = str(pathlib.Path(host_ceiling.__file__).resolve().parents[1])
+    rows = host_ceiling.host_ceiling(["one-input"], ["0"], rounds=1, duration=None, requests=2, queries=20,
+                                     checkouts={"a": root, "b": root})
+    assert [r["checkout"] for r in rows] == ["a", "b"] and all(r["errors"] == {} for r in rows)
+    [p] = paired(rows)
+    assert p["arm"].startswith("a: ") and p["against"].startswith("b: ")
+    with pytest.raises(Exception):
+        host_ceiling.host_ceiling(["one-input"], ["0"], rounds=1, duration=None, requests=2, queries=20,
+                                  checkouts={"empty": str(tmp_path)})
