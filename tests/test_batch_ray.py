@@ -83,3 +83,17 @@ def test_the_command_deals_blocks_round_robin_and_prints_the_split(tmp_path, tin
     # the first report after the first round (2 blocks, 4 lines; no rate yet), the last at the end
     assert progress[0].startswith("batch: 4/7 lines") and "ETA -" in progress[0], progress
     assert progress[-1].startswith("batch: 7/7 lines 100.0%"), progress
+
+
+def test_an_actor_whose_model_does_not_load_stops_the_job_in_one_line(tmp_path, tiny_reranker_dir, local_ray, capsys):
+    from server.batch.command import main
+
+    broken = tmp_path / "broken"  # a config and no weights nor tokenizer: the actors' engines fail to build
+    broken.mkdir()
+    (broken / "config.json").write_bytes((tiny_reranker_dir / "config.json").read_bytes())
+    inp, out = write_batch(tmp_path / "in.jsonl", batch_rows(2)), tmp_path / "out.jsonl"
+    capsys.readouterr()
+    assert main(["-i", str(inp), "-o", str(out), "--model", str(broken), "--device", "cpu", "--ray-actors", "2"]) == 2
+    err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("radixserve-batch: ")]
+    assert len(err) == 1 and err[0].startswith("radixserve-batch: could not start: "), err
+    assert not out.exists()  # a job that never started leaves no output file

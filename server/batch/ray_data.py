@@ -69,14 +69,18 @@ class BlockWorker:
         from server.config import ServerConfig
 
         self.options = options
+        self.failed: str | None = None  # why the engine did not start (the driver reports it in one line)
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, name="radixserve-batch-loop", daemon=True).start()
-        self.engine = Engine.build(ServerConfig(model_id=model, **flags))
-        asyncio.run_coroutine_threadsafe(self.engine.__aenter__(), self.loop).result()
+        try:
+            self.engine = Engine.build(ServerConfig(model_id=model, **flags))
+            asyncio.run_coroutine_threadsafe(self.engine.__aenter__(), self.loop).result()
+        except Exception as exc:  # noqa: BLE001 - any start-up failure is one line and exit 2, as the server's
+            self.failed = f"{type(exc).__name__}: {exc}"
 
-    def pid(self) -> int:
-        """This actor's process (its answer also says that the model is loaded)."""
-        return os.getpid()
+    def ready(self) -> tuple[int, str | None]:
+        """(this actor's process, why its engine did not start or None): answered once the model is loaded."""
+        return os.getpid(), self.failed
 
     def answer(self, block: Block, numbered: bool) -> Answered:
         sink = io.BytesIO()
@@ -154,13 +158,15 @@ def run_ray(input_path: str, output_path: str, *, model: str, flags: dict[str, A
     worker: Any = ray.remote(BlockWorker).options(num_cpus=cpus_per_actor, num_gpus=gpus_per_actor, max_concurrency=1)
     pool: list[Any] = [worker.remote(model, dict(flags or {}), options) for _ in range(actors)]
     try:
-        pids = ray.get([w.pid.remote() for w in pool], timeout=WAIT_FOR_ACTORS_S)  # every model loaded
-    except ray.exceptions.RayError as exc:
+        started = ray.get([w.ready.remote() for w in pool], timeout=WAIT_FOR_ACTORS_S)  # every model loaded
+    except ray.exceptions.RayError as exc:  # an actor that died or could not be placed
+        started = [(0, next((x for x in str(exc).splitlines() if x.strip()), type(exc).__name__))]
+    failed_to_start = [why for _, why in started if why is not None]
+    if failed_to_start:
         for w in pool:
             ray.kill(w)
-        first = next((x for x in str(exc).splitlines() if x.strip()), type(exc).__name__)
-        raise Unrunnable(f"could not start the Ray actors: {first}") from None
-    names = [f"actor {k} (pid {pid})" for k, pid in enumerate(pids)]
+        raise Unrunnable(f"could not start: {failed_to_start[0]}")
+    names = [f"actor {k} (pid {pid})" for k, (pid, _) in enumerate(started)]
     split = {name: {"lines": 0, "blocks": 0} for name in names}
     numbered = count is not None
     source = local_blocks(input_path, size, options.max_line_bytes) if numbered \
