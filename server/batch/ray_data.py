@@ -181,14 +181,18 @@ def run_ray(input_path: str, output_path: str, *, model: str, flags: dict[str, A
     def write_oldest() -> None:
         nonlocal lines, failed, written, original, compact
         k, ref = out.popleft()
-        got: Answered = ray.get(ref)
+        try:
+            got: Answered = ray.get(ref)
+        except ray.exceptions.RayError as exc:  # the actor died (out of memory, its node lost): the job stops
+            why = next((x for x in str(exc).splitlines() if x.strip()), type(exc).__name__)
+            raise Unrunnable(f"{names[k]} failed on block {written + 1} ({written} blocks written): {why}") from None
         writer.write_chunk([got.data])
         lines, failed, original, compact = lines + got.lines, failed + got.failed, original + got.original, \
             compact + got.compact
         split[names[k]]["lines"] += got.lines
         split[names[k]]["blocks"] += 1
         written += 1
-        if progress is not None and (written >= actors or not out):  # the first round is the first window
+        if progress is not None and written >= actors and out:  # from the first round on; the last: below
             progress.update(Snapshot(done=lines, failed=failed, tokens=original,
                                      ratio=compact / original if original else 1.0))
 
