@@ -12,5 +12,5 @@ prefixes meet in one batch), resumable output and a progress display. Modules, o
 - ``output``: chunked, fsynced writing and resuming from an earlier run's output;
 - ``progress``: the terminal progress line or plain log lines;
 - ``job``: the loop that ties them together; ``command``: ``main(argv)``, the console script;
-- ``ray_data``: the same job as a Ray Data pipeline, one engine per actor.
+- ``ray_data``: the same job on Ray actors, one engine each, blocks dealt round-robin.
 """

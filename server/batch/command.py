@@ -65,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress reports (the summary is still written)")
     p.add_argument("--report", default=None, help="also write the run's summary as JSON to this file")
     p.add_argument("--ray-actors", type=_positive, default=None,
-                   help="run as a Ray Data pipeline with this many actors, one engine each (needs ray; no resume)")
+                   help="run on Ray with this many actors, one engine each, blocks dealt round-robin (needs ray; no resume)")
     g = p.add_argument_group("model and batching (the server's flags)")
     for f in fields(ServerConfig):
         if f.name in MODEL_FLAGS:
@@ -141,16 +141,19 @@ def options_of(args: argparse.Namespace, config: ServerConfig) -> Options:
 
 
 def run_on_ray(args: argparse.Namespace, config: ServerConfig) -> int:
-    """--ray-actors: the Ray Data pipeline (server/batch/ray_data.py) on local files."""
+    """--ray-actors: the job on Ray actors (server/batch/ray_data.py), local files only."""
     from server.batch.ray_data import run_ray
 
     if "-" in (args.input_file, args.output_file):
         raise Unrunnable("--ray-actors reads and writes files, not stdin/stdout")
+    check_output(args.output_file)  # before Ray starts: a bad output costs nothing
+    progress = None if args.no_progress else Progress(count_lines(args.input_file))
     done = run_ray(args.input_file, args.output_file, model=args.model, flags=config_values(args),
-                   actors=args.ray_actors, options=options_of(args, config))
-    split = ", ".join(f"{name}: {n}" for name, n in sorted(done["actors"].items()))
-    print(f"batch: done on Ray: {done['lines']} lines ({done['failed']} failed) over {len(done['actors'])} "
-          f"actors in blocks of {done['block']} lines; lines per actor: {split}", file=sys.stderr)
+                   actors=args.ray_actors, options=options_of(args, config), progress=progress)
+    split = ", ".join(f"{name}: {n['lines']} lines in {n['blocks']} blocks" for name, n in done["actors"].items())
+    print(f"batch: done on Ray: {done['lines']} lines ({done['failed']} failed) in {done['blocks']} blocks of "
+          f"at most {done['block']} lines over {len(done['actors'])} actors (block i to actor i mod "
+          f"{len(done['actors'])}); per actor: {split}", file=sys.stderr)
     return 0 if done["failed"] == 0 else 1
 
 

@@ -17,7 +17,7 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import IO, Any, Protocol
+from typing import IO, Any, Iterable, Protocol
 
 from server.batch import grouping
 from server.batch.inprocess import Answer, Counters
@@ -91,13 +91,18 @@ class Job:
         self.seen: Counter = Counter()  # custom_id -> occurrences read so far this run
 
     async def run(self, source: IO[bytes]) -> Totals:
+        return await self.run_lines(read_lines(source, max_bytes=self.options.max_line_bytes))
+
+    async def run_lines(self, lines: Iterable[tuple[int, bytes | None]]) -> Totals:
+        """The job on lines already read: (1-based line number, stripped bytes, None when over the
+        limit), as ``read_lines`` yields them (server/batch/ray_data.py sends an actor a block so)."""
         t = self.totals
         t.start = t.end = self.engine.counters()
         t0, c0 = time.perf_counter(), time.process_time()
         if self.progress is not None:
             self.progress.begin()
         window: list[Line] = []
-        for number, raw in read_lines(source, max_bytes=self.options.max_line_bytes):
+        for number, raw in lines:
             line = self._admit(parse_line(number, raw, max_bytes=self.options.max_line_bytes))
             if line is None:
                 continue
