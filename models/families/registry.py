@@ -17,8 +17,10 @@ Heads, from the architecture's suffix (the class transformers would build):
 Reranker templates: a checkpoint is served through the rerank routes only with a template its
 own family publishes for its head (RERANK_TEMPLATES: Qwen3-Reranker and its seq-cls conversions;
 bge-reranker-v2-gemma), or one the operator names (--rerank-template); never another family's
-by default. A one-label score head without one is a reward model; a ForCausalLM without
-sentence-transformers files and without one is refused (it would be neither).
+by default. A one-label score head takes its family's template only where its files mark it as
+the reranker's conversion (models/checkpoint/reranker_mark.py), since a reward model has the same
+shape; without one it is a reward model. A ForCausalLM without sentence-transformers files and
+without one is refused (it would be neither).
 """
 from __future__ import annotations
 
