@@ -303,3 +303,20 @@ def test_bidirectional_remote_code_is_refused_before_torch_with_its_reason(fixtu
         served_kind(d)
     with pytest.raises(ValueError, match=reason):
         load_runner(str(d), device="cpu", dtype="float32", prefix_cache_size=0)
+
+
+def test_reranker_marks(tmp_path):
+    """What counts as the mark of Qwen3-Reranker's conversion: vLLM's config keys or a card that
+    prints the template; other words, another family or a card without the line do not."""
+    from models.checkpoint.reranker_mark import reranker_mark
+
+    t = "qwen3-reranker"
+    assert reranker_mark(tmp_path, {"is_original_qwen3_reranker": True}, t) == "config.json: is_original_qwen3_reranker"
+    assert reranker_mark(tmp_path, {"classifier_from_token": ["no", "yes"]}, t).startswith("config.json")
+    assert reranker_mark(tmp_path, {"classifier_from_token": ["yes", "no"]}, t) is None
+    assert reranker_mark(tmp_path, {"classifier_from_token": ["no", "yes"]}, None) is None
+    assert reranker_mark(tmp_path, {}, t) is None
+    (tmp_path / "README.md").write_text("# Skywork-Reward-V2\nA reward model over chats.\n")
+    assert reranker_mark(tmp_path, {}, t) is None
+    (tmp_path / "README.md").write_text(zoo.QWEN3_RERANKER_CARD)
+    assert reranker_mark(tmp_path, {}, t) == "README.md: the qwen3-reranker template"
