@@ -37,8 +37,9 @@ from models.families.layers import AttentionOps
 from models.families.protocol import ScoringModel
 from models import streams
 from models.streams import to_device
-from models.families.registry import (SCORE_HEAD, build_model, check_kind, check_remote_code, check_template,
-                                     default_kind, family_spec, rerank_spec, rerank_template_for,
+from models.checkpoint.reranker_mark import reranker_mark
+from models.families.registry import (RERANK_TEMPLATES, SCORE_HEAD, build_model, check_kind, check_remote_code,
+                                     check_template, default_kind, family_spec, rerank_spec, rerank_template_for,
                                      resolve as resolve_family)
 from models.trie import RadixIndex, build_index, positions_from_cu_seqlens
 from models.attention.tree import POLICIES as TREE_POLICIES, attach_tree
@@ -91,6 +92,7 @@ class Runner:
     # a reranker's template name and default instruction (its RerankSpec; "" when not a reranker)
     rerank_template: str = "qwen3-reranker"
     rerank_instruction: str = ""
+    head_reason: str = ""  # why a score head is a reranker (its template) or a reward model (/info)
     labels: tuple[str, ...] = ()  # a score head's labels, row order (id2label)
     no_id: int | None = None
     radix_mlp_threshold: float = 0.95  # the trie gate (models.options.use_index)
@@ -302,10 +304,14 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     check_remote_code(raw)
     device = torch.device(device) if device is not None else default_device()
     dtype = parse_dtype(dtype, device)
-    template = rerank_template_for(family, cfg.model_type, rerank_template)
+    template, head_reason = rerank_template_for(
+        family, cfg.model_type, rerank_template, kind=kind,
+        mark=reranker_mark(model_dir, raw, RERANK_TEMPLATES.get((cfg.model_type, family.head))))
     kind = kind or default_kind(family, len(cfg.labels), template=template) or detect_kind(model_dir, cfg)
     check_kind(family, kind, len(cfg.labels))
     check_template(family, kind, template, given=rerank_template is not None)
+    if kind == "reward" and template is not None:  # a marked conversion the operator serves as a reward model
+        head_reason = "--model-task reward"
     head = "score" if family.head == SCORE_HEAD else "yes-no" if kind == "reranker" else "pooling"
     tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
 
@@ -353,6 +359,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         hidden_size=dense.out_features if dense is not None else cfg.hidden_size, prompts=prompts,
         default_prompt_name=default_prompt_name, yes_id=yes_id, no_id=no_id, head=head, labels=labels,
         rerank_template=rerank.template if rerank else "",
+        head_reason=head_reason if head == "score" and kind != "classifier" else "",
         rerank_instruction=rerank.instruction if rerank else "", radix_mlp_threshold=radix_mlp_threshold,
         tree_attention=tree_attention, tree_path=tree_path, dense=dense,
         report=RunnerReport(attention_rejected=dict(backend.rejected), tree_rejected=tree_rejected,

@@ -199,7 +199,7 @@ def preflight(config: ServerConfig) -> str | None:
     try:
         model_dir = local_dir(config.model_id, config.revision)
         if model_dir is not None:
-            config.check_kind(served_kind(model_dir, config.load_kind))
+            config.check_kind(served_kind(model_dir, config.load_kind, config.rerank_template))
     except (OSError, ValueError) as exc:
         return f"{type(exc).__name__}: {exc}"
     return None

@@ -59,8 +59,8 @@ def test_score_heads_match_transformers_in_every_mode(loaded, cache):
     d, want = loaded
     runner = load_runner(str(d), device="cpu", dtype="float32", prefix_cache_size=cache)
     labels = want.shape[1]
-    # one label: a reranker where the family publishes a template (Qwen3-Reranker's seq-cls
-    # conversions), else a reward model; never another family's template
+    # one label: a reranker where the family publishes a template and the checkpoint marks itself as
+    # the reranker's conversion (the Qwen3 preset's classifier_from_token), else a reward model
     one = "reranker" if d.name.startswith("tiny-qwen3-") else "reward"
     assert runner.head == "score" and runner.kind == (one if labels == 1 else "classifier")
     assert len(runner.labels) == labels

@@ -99,8 +99,13 @@ def test_attention_that_is_not_causal_and_remote_code_are_refused():
     with pytest.raises(ValueError, match="use_bidirectional_attention"):
         ModelConfig.from_dict({**base, "use_bidirectional_attention": True})
     check_remote_code({**base, "auto_map": {"AutoTokenizer": ["tokenization_qwen.Tok", None]}})  # a tokenizer only
-    with pytest.raises(UnsupportedArchitecture, match="remote code"):
-        check_remote_code({**base, "auto_map": {"AutoModel": "modeling_qwen.Qwen2Model"}})
+    # gte-Qwen2's (and stella_en_1.5B_v5's) modeling_qwen.py: refused for what it computes
+    for target in ("modeling_qwen.Qwen2Model", "Alibaba-NLP/gte-Qwen2-1.5B-instruct--modeling_qwen.Qwen2Model"):
+        with pytest.raises(UnsupportedArchitecture, match="bidirectional"):
+            check_remote_code({**base, "auto_map": {"AutoModel": target}})
+    # a remote class whose source is not known: refused as unknown code, never served as the family
+    with pytest.raises(UnsupportedArchitecture, match="remote code for AutoModel .* not known to equal"):
+        check_remote_code({**base, "auto_map": {"AutoModel": "modeling_custom.MyQwen2"}})
 
 
 def test_dense_path_picks_the_dense_module_sentence_transformers_would(fixture_root, tmp_path):

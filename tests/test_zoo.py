@@ -174,9 +174,9 @@ def test_pad_rule_edges(fixture_root):
         assert np.abs(r.run(r.prepare(ids, cu)).numpy() - want).max() < TOL, mode
 
 
-@pytest.fixture(scope="module")
-def reward(fixture_root):
-    d = zoo.cached("llama-reward", root=fixture_root)
+@pytest.fixture(scope="module", params=["llama-reward", "qwen3-reward"])
+def reward(request, fixture_root):
+    d = zoo.cached(request.param, root=fixture_root)
     hf, oracle = _hf_seq_cls(d)
     runner, servers = _servers(d)
     yield oracle, runner, servers
@@ -206,7 +206,9 @@ def test_reward_model_on_every_single_score_route(reward, mode):
     refused = httpx.post(url + "/rerank", json={"query": "q", "texts": ["a"]}, timeout=120)
     assert refused.status_code == 400 and "/pooling" in refused.text
     info = httpx.get(url + "/info", timeout=60).json()
-    assert info["model_type"] == {"reward": {"score": "score head, raw", "template": None}}
+    assert info["model_type"]["reward"]["score"] == "score head, raw"
+    assert info["model_type"]["reward"]["template"] is None
+    assert "no marker of a reranker conversion" in info["model_type"]["reward"]["why"]
     assert set(info["routes"]) == set(zoo.SINGLE_SCORE)
 
 
@@ -225,3 +227,96 @@ def test_rerank_template_is_the_operators_choice(fixture_root):
     emb = zoo.cached("qwen3-embedding", root=fixture_root)
     with pytest.raises(ValueError, match="applies to a reranker"):
         load_runner(str(emb), device="cpu", dtype="float32", prefix_cache_size=0, rerank_template="qwen3-reranker")
+
+
+def test_one_label_qwen3_head_is_a_reranker_only_where_it_says_so(fixture_root):
+    """A one-label Qwen3ForSequenceClassification is Qwen3-Reranker's conversion (its template on
+    the rerank routes) only where its files mark it: config.json's classifier_from_token (vLLM's
+    key) or a card printing the template; unmarked (Skywork-Reward-V2-Qwen3's files) a reward
+    model. The flags override either way, and /info says which and why; the torch-free preflight
+    decides the same."""
+    import fixtures
+    from models.checkpoint.preflight import served_kind
+
+    load = dict(device="cpu", dtype="float32", prefix_cache_size=0)
+    card = zoo.cached("qwen3-reranker-seq-cls", root=fixture_root)
+    marked = fixtures.cached("tiny-qwen3-seq-cls", root=fixture_root)
+    plain = zoo.cached("qwen3-reward", root=fixture_root)
+    for d, why in ((card, "README.md: the qwen3-reranker template"),
+                   (marked, "config.json: classifier_from_token ['no', 'yes']")):
+        r = load_runner(str(d), **load)
+        assert (r.kind, r.rerank_template, r.head_reason) == ("reranker", "qwen3-reranker", why)
+        assert served_kind(d) == "reranker"
+        as_reward = load_runner(str(d), kind="reward", **load)
+        assert (as_reward.kind, as_reward.head_reason) == ("reward", "--model-task reward")
+    r = load_runner(str(plain), **load)
+    assert (r.kind, r.rerank_template) == ("reward", "") and "no marker" in r.head_reason
+    assert served_kind(plain) == "reward"
+    named = load_runner(str(plain), rerank_template="qwen3-reranker", **load)
+    assert (named.kind, named.rerank_template, named.head_reason) == ("reranker", "qwen3-reranker", "--rerank-template")
+    assert served_kind(plain, rerank_template="qwen3-reranker") == "reranker"
+    asked = load_runner(str(plain), kind="reranker", **load)
+    assert (asked.kind, asked.rerank_template) == ("reranker", "qwen3-reranker")
+    srv = ServerThread(create_app(ServerConfig(model_id=str(card)), runner=load_runner(str(card), **load))).start()
+    try:
+        info = httpx.get(srv.url + "/info", timeout=60).json()
+    finally:
+        srv.stop()
+    assert info["model_type"] == {"reranker": {"score": "sigmoid(score head)", "template": "qwen3-reranker",
+                                               "why": "README.md: the qwen3-reranker template"}}
+
+
+def test_card_marked_reranker_equals_transformers_over_the_template(fixture_root):
+    """The card-marked conversion on /rerank: transformers' AutoModelForSequenceClassification over
+    Qwen3-Reranker's template as its card prints it (the prefix, the body, the suffix)."""
+    from tests.test_model_forward import INSTRUCTION, RERANK_PREFIX, RERANK_SUFFIX
+
+    d = zoo.cached("qwen3-reranker-seq-cls", root=fixture_root)
+    assert RERANK_PREFIX.split("\n")[1].startswith(zoo.QWEN3_RERANKER_CARD.split("system\\n")[1][:60])
+    _, oracle = _hf_seq_cls(d)
+    runner = load_runner(str(d), device="cpu", dtype="float32", prefix_cache_size=0)
+    tok = runner.tokenizer
+    query, docs = TEXTS[0], TEXTS[1:]
+
+    def ids(doc):
+        body = f"<Instruct>: {INSTRUCTION}\n<Query>: {query}\n<Document>: {doc}"
+        return [i for part in (RERANK_PREFIX, body, RERANK_SUFFIX) for i in tok.encode(part, add_special_tokens=False).ids]
+
+    want = {i: float(oracle(ids(doc))[0]) for i, doc in enumerate(docs)}
+    srv = ServerThread(create_app(ServerConfig(model_id=str(d)), runner=runner)).start()
+    try:
+        r = httpx.post(srv.url + "/rerank", json={"query": query, "texts": docs, "raw_scores": True}, timeout=120)
+    finally:
+        srv.stop()
+    assert r.status_code == 200, r.text
+    assert {x["index"]: x["score"] for x in r.json()} == pytest.approx(want, abs=TOL)
+
+
+@pytest.mark.parametrize("name,reason", [("gte-qwen2-instruct", "is_causal false"),
+                                         ("stella-en-1.5b-v5", "modeling_qwen.Qwen2Model.*bidirectional")])
+def test_bidirectional_remote_code_is_refused_before_torch_with_its_reason(fixture_root, name, reason):
+    """The preflight (torch-free, at the command line) and the loader give the same one-line reason."""
+    from models.checkpoint.preflight import served_kind
+
+    d = zoo.cached(name, root=fixture_root)
+    with pytest.raises(ValueError, match=reason):
+        served_kind(d)
+    with pytest.raises(ValueError, match=reason):
+        load_runner(str(d), device="cpu", dtype="float32", prefix_cache_size=0)
+
+
+def test_reranker_marks(tmp_path):
+    """What counts as the mark of Qwen3-Reranker's conversion: vLLM's config keys or a card that
+    prints the template; other words, another family or a card without the line do not."""
+    from models.checkpoint.reranker_mark import reranker_mark
+
+    t = "qwen3-reranker"
+    assert reranker_mark(tmp_path, {"is_original_qwen3_reranker": True}, t) == "config.json: is_original_qwen3_reranker"
+    assert reranker_mark(tmp_path, {"classifier_from_token": ["no", "yes"]}, t).startswith("config.json")
+    assert reranker_mark(tmp_path, {"classifier_from_token": ["yes", "no"]}, t) is None
+    assert reranker_mark(tmp_path, {"classifier_from_token": ["no", "yes"]}, None) is None
+    assert reranker_mark(tmp_path, {}, t) is None
+    (tmp_path / "README.md").write_text("# Skywork-Reward-V2\nA reward model over chats.\n")
+    assert reranker_mark(tmp_path, {}, t) is None
+    (tmp_path / "README.md").write_text(zoo.QWEN3_RERANKER_CARD)
+    assert reranker_mark(tmp_path, {}, t) == "README.md: the qwen3-reranker template"

@@ -28,6 +28,7 @@ ALLOW_PATTERNS = (
     "merges.txt",
     "vocab.json",
     "1_Pooling/*",
+    "README.md",  # the model card: a one-label score head's reranker template (checkpoint/reranker_mark.py)
 )
 
 

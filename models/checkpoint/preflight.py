@@ -12,7 +12,9 @@ from pathlib import Path
 
 from models.checkpoint.config import ModelConfig, read_config
 from models.checkpoint.directory import detect_kind
-from models.families.registry import check_kind, default_kind, resolve
+from models.checkpoint.reranker_mark import reranker_mark
+from models.families.registry import (RERANK_TEMPLATES, check_kind, check_remote_code, default_kind,
+                                      rerank_template_for, resolve)
 
 
 def looks_like_path(model_id: str) -> bool:
@@ -37,12 +39,16 @@ def local_dir(model_id: str, revision: str | None = None) -> Path | None:
     return Path(cached).parent if isinstance(cached, str) else None
 
 
-def served_kind(model_dir: Path, kind: str | None = None) -> str:
-    """The kind the checkpoint serves (``kind``: the one asked for, checked against its head);
-    raises ValueError (UnsupportedArchitecture) for an architecture or kind not served."""
+def served_kind(model_dir: Path, kind: str | None = None, rerank_template: str | None = None) -> str:
+    """The kind the checkpoint serves (``kind``: the one asked for, checked against its head;
+    ``rerank_template``: --rerank-template); raises ValueError (UnsupportedArchitecture) for an
+    architecture, attention, remote code or kind not served."""
     raw = read_config(model_dir)
     family = resolve(str(raw.get("model_type", "")), tuple(raw.get("architectures") or ()))
     cfg = ModelConfig.from_dict(raw)
-    kind = kind or default_kind(family, len(cfg.labels)) or detect_kind(model_dir, cfg)
+    check_remote_code(raw)
+    mark = reranker_mark(model_dir, raw, RERANK_TEMPLATES.get((cfg.model_type, family.head)))
+    template, _ = rerank_template_for(family, cfg.model_type, rerank_template, mark=mark, kind=kind)
+    kind = kind or default_kind(family, len(cfg.labels), template=template) or detect_kind(model_dir, cfg)
     check_kind(family, kind, len(cfg.labels))
     return kind

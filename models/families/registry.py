@@ -17,8 +17,10 @@ Heads, from the architecture's suffix (the class transformers would build):
 Reranker templates: a checkpoint is served through the rerank routes only with a template its
 own family publishes for its head (RERANK_TEMPLATES: Qwen3-Reranker and its seq-cls conversions;
 bge-reranker-v2-gemma), or one the operator names (--rerank-template); never another family's
-by default. A one-label score head without one is a reward model; a ForCausalLM without
-sentence-transformers files and without one is refused (it would be neither).
+by default. A one-label score head takes its family's template only where its files mark it as
+the reranker's conversion (models/checkpoint/reranker_mark.py), since a reward model has the same
+shape; without one it is a reward model. A ForCausalLM without sentence-transformers files and
+without one is refused (it would be neither).
 """
 from __future__ import annotations
 
@@ -95,7 +97,7 @@ def resolve(model_type: str, architectures: tuple[str, ...]) -> Entry:
 # (model_type, head) -> the reranker template the family publishes for that head
 RERANK_TEMPLATES: dict[tuple[str, str], str] = {
     ("qwen3", "ForCausalLM"): "qwen3-reranker",  # Qwen3-Reranker (yes/no)
-    ("qwen3", SCORE_HEAD): "qwen3-reranker",  # its seq-cls conversions (one label: yes - no)
+    ("qwen3", SCORE_HEAD): "qwen3-reranker",  # its seq-cls conversions (one label: yes - no), when marked
     ("gemma", "ForCausalLM"): "bge-reranker-gemma",  # BAAI bge-reranker-v2-gemma ("Yes")
     ("gemma2", "ForCausalLM"): "bge-reranker-gemma",
 }
@@ -103,28 +105,72 @@ RERANK_TEMPLATES: dict[tuple[str, str], str] = {
 TEMPLATE_SPECS: dict[str, str] = {"qwen3-reranker": "qwen3", "bge-reranker-gemma": "gemma"}
 
 
-def rerank_template_for(entry: Entry, model_type: str, override: str | None = None) -> str | None:
-    """The reranker template this checkpoint is served with: the operator's, else the one its
-    family publishes for its head; None when neither (UnsupportedArchitecture for an unknown name)."""
+def rerank_template_for(entry: Entry, model_type: str, override: str | None = None, *,
+                        mark: str | None = None, kind: str | None = None) -> tuple[str | None, str]:
+    """The reranker template this checkpoint is served with, and why (/info says both).
+
+    The operator's (--rerank-template) first. A causal LM: the one its family publishes for its
+    head. A one-label score head is the same shape as a reward model (Skywork-Reward-V2-Qwen3 is
+    a one-label Qwen3ForSequenceClassification too), so the family's template applies only where
+    the checkpoint marks itself as the reranker's conversion (``mark``:
+    models/checkpoint/reranker_mark.py) or the operator asks for a reranker (``kind``); otherwise
+    None, a reward model. UnsupportedArchitecture for an unknown template name."""
     if override is not None:
         if override not in TEMPLATE_SPECS:
             raise UnsupportedArchitecture(
                 f"unknown reranker template {override!r}; known: {', '.join(TEMPLATE_SPECS)}")
-        return override
-    return RERANK_TEMPLATES.get((model_type, entry.head))
+        return override, "--rerank-template"
+    family = RERANK_TEMPLATES.get((model_type, entry.head))
+    if entry.head != SCORE_HEAD:
+        return family, f"the {model_type} family's template for {entry.head}" if family else ""
+    if family is not None and mark is not None:
+        return family, mark
+    if family is not None and kind == "reranker":
+        return family, f"--model-task reranker: the {model_type} family's template"
+    return None, ("one score, no reranker template: the checkpoint carries no marker of a reranker "
+                  "conversion (config.json's classifier_from_token / is_original_qwen3_reranker, or its "
+                  "card's template); --rerank-template or --model-task reranker serves it as one")
+
+
+# auto_map class (module.Class, without a "repo--" prefix) -> why the published code is not served:
+# the remote classes whose source is known and differs from the family served here. There is no
+# remote class known to equal a built-in family, so every other one is refused as unknown code.
+REMOTE_CODE: dict[str, str] = {
+    # Alibaba-NLP/gte-Qwen2-1.5B-instruct, -7B-instruct and NovaSearch/stella_en_1.5B_v5 (built on
+    # gte-Qwen2-1.5B, its modeling_qwen.py): bidirectional attention over the whole input (config.json
+    # is_causal false; vLLM runs it as encoder-only attention, TEI's Qwen2 reads is_causal)
+    "modeling_qwen.Qwen2Model": "gte-Qwen2's modeling_qwen.py, whose attention is bidirectional (not causal)",
+    "modeling_qwen.Qwen2ForCausalLM": "gte-Qwen2's modeling_qwen.py, whose attention is bidirectional (not causal)",
+    "modeling_qwen.Qwen2ForSequenceClassification":
+        "gte-Qwen2's modeling_qwen.py, whose attention is bidirectional (not causal)",
+    # nvidia/NV-Embed-v2: bidirectional Mistral and latent-attention pooling
+    "modeling_nvembed.NVEmbedModel": "NV-Embed's bidirectional attention and latent-attention pooling",
+}
 
 
 def check_remote_code(raw: dict[str, Any]) -> None:
     """Refuse a checkpoint whose config.json maps a model class to the repository's own Python
-    (``auto_map``): sentence-transformers and transformers run that code (trust_remote_code), and
-    its attention mask or pooling may differ from the family served here (gte-Qwen2, stella,
-    NV-Embed), so serving it through our family would be wrong in silence."""
+    (``auto_map``), with what that code does where its source is known (REMOTE_CODE): causal
+    kernels and RadixMLP's shared prefixes cannot serve bidirectional attention, and serving it
+    through our family would be wrong in silence. A tokenizer-only auto_map is not refused."""
     auto = raw.get("auto_map") or {}
-    remote = sorted(k for k in auto if str(k).startswith("AutoModel"))
-    if remote:
+    remote = {k: _class_name(auto[k]) for k in sorted(auto) if str(k).startswith("AutoModel")}
+    if not remote:
+        return
+    known = next(((name, REMOTE_CODE[name]) for name in remote.values() if name in REMOTE_CODE), None)
+    if known is not None:
         raise UnsupportedArchitecture(
-            f"config.json's auto_map runs remote code for {remote[0]} ({auto[remote[0]]!r}); its attention and "
-            f"pooling are the repository's own Python, which this server does not run")
+            f"config.json's auto_map runs {known[0]!r}: {known[1]}; RadixMLP and the causal kernels cannot serve it")
+    key, name = next(iter(remote.items()))
+    raise UnsupportedArchitecture(
+        f"config.json's auto_map runs remote code for {key} ({name!r}); its attention and pooling are "
+        f"the repository's own Python, not known to equal a family served here")
+
+
+def _class_name(target: Any) -> str:
+    """An auto_map value as "module.Class": a list's first entry, without a "repo--" prefix."""
+    first = target[0] if isinstance(target, (list, tuple)) and target else target
+    return str(first).split("--")[-1]
 
 
 def default_kind(entry: Entry, labels: int, *, template: str | None = None) -> str | None:

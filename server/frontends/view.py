@@ -16,8 +16,8 @@ from models.startup import StartupClock
 from server.service.contract import ServedRunner
 
 # The plain fields copied as they are (strings, numbers, dicts, tuples).
-_COPIED = ("kind", "head", "labels", "rerank_template", "rerank_instruction", "model_id", "pooling",
-           "radix_attention", "attention_backend", "tree_report", "max_positions", "hidden_size", "prompts",
+_COPIED = ("kind", "head", "labels", "rerank_template", "rerank_instruction", "head_reason", "model_id",
+           "pooling", "radix_attention", "attention_backend", "tree_report", "max_positions", "hidden_size", "prompts",
            "default_prompt_name", "radix_mlp_threshold")
 
 
@@ -28,6 +28,7 @@ class RunnerView:
     labels: tuple[str, ...]
     rerank_template: str
     rerank_instruction: str
+    head_reason: str
     model_id: str
     pooling: str
     radix_attention: str

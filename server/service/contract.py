@@ -21,6 +21,7 @@ class ServedRunner(ModelRunner, Protocol):
     labels: tuple[str, ...]  # a score head's labels in row order; () otherwise
     rerank_template: str  # a reranker's template name (/info)
     rerank_instruction: str  # a reranker's default instruction (the family's)
+    head_reason: str  # why a one-label score head is a reranker (its template) or a reward model (/info)
     model_id: str
     config: Any  # the model config: ``vocab_size`` bounds valid token ids
     tokenizer: Any  # a ``tokenizers.Tokenizer``

@@ -48,8 +48,9 @@ def model_type(runner: ServedRunner) -> dict:
     if runner.head == "yes-no":
         score = rerank_templates.SCORES.get(runner.rerank_template, runner.rerank_template)
         return {"reranker": {"score": score, "template": runner.rerank_template}}
+    why = getattr(runner, "head_reason", "")  # the mark, the flag or its absence (models/checkpoint/reranker_mark.py)
     if runner.kind == "reranker":
-        return {"reranker": {"score": "sigmoid(score head)", "template": runner.rerank_template}}
+        return {"reranker": {"score": "sigmoid(score head)", "template": runner.rerank_template, "why": why}}
     if runner.kind == "reward":  # no reranker template: the rerank routes are not served
-        return {"reward": {"score": "score head, raw", "template": None}}
+        return {"reward": {"score": "score head, raw", "template": None, "why": why}}
     return {"classifier": {"id2label": dict(enumerate(runner.labels))}}
