@@ -35,7 +35,7 @@ log = logging.getLogger("radixserve.batch")
 MODEL_FLAGS = (
     "revision", "served_model_name", "device", "dtype", "max_batch_tokens", "max_batch_requests",
     "max_client_batch_size", "max_input_length", "auto_truncate", "max_rerank_pair_tokens", "max_embed_all_floats",
-    "tokenization_workers", "radix_mlp_threshold", "radix_attention", "tree_attention", "cuda_graphs", "batching_policy",
+    "tokenization_workers", "radix_mlp_threshold", "radix_attention", "tree_attention", "batching_policy",
     "pooling", "default_prompt_name", "default_prompt", "prefix_cache_size", "cpu_packed_weights", "payload_limit",
     "allow_token_ids",
 )
