@@ -67,7 +67,9 @@ def cuda_capture(step: Callable[[], Tensor]) -> Callable[[], Tensor]:
             step()
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    # thread_local: another thread's harmless CUDA call (a copy, a pinned allocation) must not
+    # invalidate this thread's capture
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         out = step()
 
     def replay() -> Tensor:
@@ -124,7 +126,10 @@ class GraphSet:
         self._timer = timer or cuda_timer
         # an injected capture stands in for CUDA's (tests, on a CPU); otherwise graphs need CUDA
         self.enabled = mode != "off" and (device.type == "cuda" or capture is not None)
-        self.replays: dict[int, tuple[Tensor, Callable[[], Tensor]]] = {}  # L -> (static ids [L], replay)
+        # L -> (the batch captured at L, replay). NOTE: the graph reads every device tensor of that
+        # batch (ids, positions, the attention's boundaries) at fixed addresses: holding the batch
+        # here keeps them allocated; freed, the allocator would hand their memory to other tensors.
+        self.replays: dict[int, tuple[ForwardBatch, Callable[[], Tensor]]] = {}
         self.limit = 0  # the longest input a graph serves (0: none)
         why = ("--cuda-graphs off" if mode == "off" else
                f"the model runs on {device.type}; CUDA graphs capture CUDA launches only")
@@ -153,9 +158,9 @@ class GraphSet:
         bucket = self._bucket(n)
         if bucket not in self.replays:
             return None
-        ids, replay = self.replays[bucket]
+        static, replay = self.replays[bucket]
         try:
-            ids[:n].copy_(batch.input_ids)  # rows past n keep earlier ids: causal, they cannot matter
+            static.input_ids[:n].copy_(batch.input_ids)  # rows past n keep earlier ids: causal, they cannot matter
             return replay()[:n]
         except Exception as exc:  # noqa: BLE001 - fail safe: eager for good, the reason logged
             self._give_up(f"a replay failed: {type(exc).__name__}: {exc}")
@@ -173,7 +178,7 @@ class GraphSet:
         if not self.enabled:
             return f"CUDA graphs {self.report['state']}"
         ids = (np.arange(self.buckets[-1], dtype=np.int64) * 7919 + 13) % max(1, vocab)  # [L] any valid ids
-        chosen: dict[int, tuple[Tensor, Callable[[], Tensor]]] = {}
+        chosen: dict[int, tuple[ForwardBatch, Callable[[], Tensor]]] = {}
         previous = 0
         try:
             with torch.inference_mode():
@@ -211,4 +216,4 @@ class GraphSet:
         eager_ms = self._timer(lambda: forward(short), TIMED_RUNS)
         used, why = choose(self.mode, diff=diff, scale=scale, tolerance=TOLERANCE.get(dtype, 2e-2),
                            graph_ms=graph_ms, eager_ms=eager_ms)
-        return used, why, (static.input_ids, replay)
+        return used, why, (static, replay)

@@ -120,6 +120,8 @@ def test_auto_uses_a_bucket_only_where_it_measured_faster(graph_ms, eager_ms, mo
     assert served.graphs.fits(1, 20) == used and not served.graphs.fits(2, 20) and not served.graphs.fits(1, 129)
     assert report["state"].startswith("on for one input of up to 128 tokens" if used else "off (no bucket")
     assert line.startswith(f"CUDA graphs {report['state']}")
+    # a graph reads its batch's device tensors at fixed addresses: the set holds each captured batch
+    assert all(b.num_rows == length for length, (b, _) in served.graphs.replays.items())
 
 
 def test_a_failing_capture_leaves_every_input_eager_with_the_reason(tiny_embedding_dir, caplog):
@@ -143,12 +145,12 @@ def test_a_graph_that_differs_from_eager_is_not_used(tiny_embedding_dir):
 def test_a_failing_replay_turns_graphs_off_and_answers_eagerly(tiny_embedding_dir, caplog):
     runner = load_runner(str(tiny_embedding_dir), device="cpu", dtype="float32")
     served, _ = with_graphs(runner)
-    ids_tensor, replay = served.graphs.replays[16]
+    static, replay = served.graphs.replays[16]
 
     def broken():
         raise RuntimeError("CUDA error: an illegal memory access was encountered")
 
-    served.graphs.replays[16] = (ids_tensor, broken)
+    served.graphs.replays[16] = (static, broken)
     ids = np.arange(1, 12)
     with caplog.at_level(logging.WARNING, logger="models.graphs"):
         got = answer(served, ids)
