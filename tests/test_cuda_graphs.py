@@ -185,8 +185,8 @@ def test_on_without_cuda_is_refused_in_one_line(tiny_embedding_dir):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="captures real CUDA graphs")
 def test_real_capture_matches_eager_on_cuda(tiny_embedding_dir):
-    runner = load_runner(str(tiny_embedding_dir), device="cuda", dtype="bfloat16", cuda_graphs="on",
-                         prefix_cache_size=0)
+    runner = load_runner(str(tiny_embedding_dir), device="cuda", dtype="float32", cuda_graphs="on",
+                         prefix_cache_size=0)  # fp32: the padded bucket's rows held to a tight tolerance
     runner.warm_up(max_tokens=512)
     graphs = runner.graphs
     assert graphs is not None and graphs.limit == BUCKETS[-1], graphs.report
@@ -194,4 +194,5 @@ def test_real_capture_matches_eager_on_cuda(tiny_embedding_dir):
     rng = np.random.default_rng(0)
     for n in LENGTHS:
         ids = rng.integers(1, runner.config.vocab_size, n)
-        torch.testing.assert_close(answer(runner, ids), answer(eager, ids), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(answer(runner, ids), answer(eager, ids), rtol=1e-3, atol=1e-3)
+    assert all(why.startswith("graph (on: ") for why in graphs.report["buckets"].values())
