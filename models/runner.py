@@ -315,7 +315,6 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     check_remote_code(raw)
     device = torch.device(device) if device is not None else default_device()
     dtype = parse_dtype(dtype, device)
-    check_cuda_graphs(cuda_graphs, device)
     template = rerank_template_for(family, cfg.model_type, rerank_template)
     kind = kind or default_kind(family, len(cfg.labels), template=template) or detect_kind(model_dir, cfg)
     check_kind(family, kind, len(cfg.labels))
@@ -326,6 +325,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     backend, tree_path, tree_rejected = select_paths(cfg, family_spec(family, cfg), device=device, dtype=dtype,
                                                      tree_attention=tree_attention)
     ops = AttentionOps(backend, kernels.get_gather_rows(device), kernels.get_gather_rows_pair(device))
+    check_cuda_graphs(cuda_graphs, device)  # before the weights load
     yes_id = no_id = None
     rerank = rerank_spec(template, family, log_choice=kind == "reranker") if kind == "reranker" and template else None
     if head == "yes-no" and rerank is not None:
