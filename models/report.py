@@ -37,3 +37,5 @@ class RunnerReport:
     # launch to healthy per stage (models/startup.py); warm_up adds its own and the total
     startup: StartupClock = field(default_factory=StartupClock)
     warmup_ms: float | None = None  # the warm-up's wall time (models/warmup.py)
+    # CUDA graphs (models/graphs.py): mode, state, and per bucket graph or eager and why; filled in place
+    cuda_graphs: dict = field(default_factory=dict)

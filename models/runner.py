@@ -22,6 +22,7 @@ import kernels
 from models.batch import ForwardBatch, build_forward_batch
 from models.checkpoint.directory import detect_kind, detect_pooling, read_modules, read_prompts, token_id
 from models.dense import DenseStack, load_dense
+from models.graphs import GraphSet, check_mode as check_cuda_graphs
 from models.checkpoint.config import ModelConfig, read_config
 from models.linear.select import choose_linears
 from models.checkpoint.loader import (default_device, describe_memory, load_weights, memory_report, parse_dtype,
@@ -106,6 +107,7 @@ class Runner:
     # run() may return a HostCopy on CUDA (the scheduler settles it on its own thread); off: run waits
     defer_copies: bool = False
     dense: DenseStack | None = None  # sentence-transformers Dense modules after pooling (models/dense.py)
+    graphs: GraphSet | None = None  # CUDA graphs for a lone short input (models/graphs.py); None: eager
 
     @property
     def attention_report(self) -> dict:
@@ -156,7 +158,8 @@ class Runner:
             forward = build_forward_batch(
                 input_ids, cu_seqlens, index, mode=self.radix_attention, device=self.device,
                 mean_pooling=self.kind == "embedding" and self.pooling == "mean",
-                cache=self.prefix_cache if self.cache_usable(all_tokens=per_token) else None,
+                cache=self.prefix_cache if self.cache_usable(all_tokens=per_token) and not (
+                    self.graphs is not None and self.graphs.fits(len(cu_seqlens) - 1, n, per_token)) else None,
                 namespaces=namespaces,
             )
             forward = attach_tree(forward, self.tree_attention, self.tree_path.fn if self.tree_path else None,
@@ -203,6 +206,14 @@ class Runner:
         hidden = self.model(batch.input_ids, batch.positions, batch)  # [T, E]
         return self._head(hidden, batch)
 
+    def _served(self, batch: ForwardBatch) -> torch.Tensor:
+        """`forward` as serving runs it: a lone short input through its CUDA graph bucket when one
+        was chosen (the first rows of the padded forward, models/graphs.py), else eagerly."""
+        hidden = self.graphs.hidden(batch) if self.graphs is not None else None
+        if hidden is None:
+            hidden = self.model(batch.input_ids, batch.positions, batch)  # [T, E]
+        return self._head(hidden, batch)
+
     def _head(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         if self.head == "score":
             logits = classify_logits(self.model, hidden, batch)  # [B, labels]
@@ -233,7 +244,7 @@ class Runner:
                 elif prepared.token_items:
                     out = self._run_tokens(prepared)
                 else:
-                    out = streams.to_host((self.forward(batch),), _same)  # on a CPU: done, pool writes too
+                    out = streams.to_host((self._served(batch),), _same)  # on a CPU: done, pool writes too
         except BaseException:
             if batch.cache is not None:
                 batch.cache.abort()
@@ -271,7 +282,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
                 prefix_cache_size: str | int = DEFAULT_SIZE, cpu_packed_weights: bool = True, cpu_weights: str = "fp32",
                 keep_dense_weights: bool = True, max_batch_tokens: int = 16384,
                 tree_attention: str = "auto", dense_path: str | None = None,
-                rerank_template: str | None = None) -> Runner:
+                rerank_template: str | None = None, cuda_graphs: str = "auto") -> Runner:
     """Resolve, load and wire up a model for serving (see docs/architecture.md).
 
     prefix_cache_size: "512MiB", "2GB", "8192tokens", a byte count, "auto" or 0 (off); see
@@ -284,6 +295,8 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     dense_path: TEI's --dense-path (models/checkpoint/directory.py, `read_modules`).
     rerank_template: serve a score or yes/no head through this reranker template
     (models/families/registry.py, `rerank_template_for`).
+    cuda_graphs: auto, on or off: a lone short input through CUDA graphs captured at warm-up where
+    they measure faster (models/graphs.py); `on` on a device other than CUDA is refused.
     """
     radix_mlp_threshold = check_radix_mlp_threshold(radix_mlp_threshold)
     if radix_attention not in RADIX_ATTENTION:
@@ -318,6 +331,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     backend, tree_path, tree_rejected = select_paths(cfg, family_spec(family, cfg), device=device, dtype=dtype,
                                                      tree_attention=tree_attention)
     ops = AttentionOps(backend, kernels.get_gather_rows(device), kernels.get_gather_rows_pair(device))
+    check_cuda_graphs(cuda_graphs, device)  # before the weights load
     yes_id = no_id = None
     rerank = rerank_spec(template, family, log_choice=kind == "reranker") if kind == "reranker" and template else None
     if head == "yes-no" and rerank is not None:
@@ -352,6 +366,7 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     max_positions = cfg.max_position_embeddings
     if cfg.sliding_window is not None:  # beyond the window our full causal attention is wrong
         max_positions = min(max_positions, cfg.sliding_window)
+    graphs_report: dict = {}  # filled in place by the GraphSet (live: /info reads it before the warm-up)
     runner = Runner(
         kind=kind, model_id=str(model_id), config=cfg, tokenizer=tokenizer, model=model,
         device=device, dtype=dtype, pooling=pooling,
@@ -362,10 +377,11 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
         head_reason=head_reason if head == "score" and kind != "classifier" else "",
         rerank_instruction=rerank.instruction if rerank else "", radix_mlp_threshold=radix_mlp_threshold,
         tree_attention=tree_attention, tree_path=tree_path, dense=dense,
+        graphs=GraphSet(cuda_graphs, device, report=graphs_report),
         report=RunnerReport(attention_rejected=dict(backend.rejected), tree_rejected=tree_rejected,
                             kernels=kernels.describe(device), linear=linear.kernel,
                             linear_choice=f"{linear.weights}: {linear.report}", cpu_attention=cpu_attention,
-                            memory=memory, startup=clock),
+                            memory=memory, startup=clock, cuda_graphs=graphs_report),
     )
     runner.prefix_cache, cache_report = start_prefix_cache(runner, prefix_cache_size, max_batch_tokens=max_batch_tokens)
     runner.report = dataclasses.replace(runner.report, prefix_cache=cache_report)

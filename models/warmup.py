@@ -7,6 +7,8 @@ batches) and go through what serving goes through: a batch at the token budget w
 prefixes (the trie, compact attention over its compacted rows), then a prefix-cache write and a
 read of it. Invariant: the warm-up leaves no trace a client could see: the cache is reset to
 empty (its counters too), and nothing is counted in the metrics (no scheduler step runs it).
+Last, on CUDA, the lone-short-input buckets are captured as CUDA graphs, checked and timed
+(models/graphs.py), on this thread, the one that replays them.
 On a CPU the batch is capped at CPU_TOKENS, two items sharing a prefix (the smallest batch that
 runs the trie and compact attention): there are no handles or allocator to grow there, and start-up
 time would grow with the batch for nothing.
@@ -96,6 +98,11 @@ def warm_up(runner: Any, *, max_tokens: int) -> dict:
     t0 = time.perf_counter()
     peak = peak_forward(runner, tokens)
     cache_note = warm_cache(runner)
+    graphs = runner.graphs
+    if graphs is not None and graphs.enabled:  # captured on this thread, after the allocator grew
+        model = runner.model
+        log.info(graphs.capture_all(lambda b: model(b.input_ids, b.positions, b),
+                                    vocab=runner.config.vocab_size, dtype=runner.dtype))
     ms = (time.perf_counter() - t0) * 1e3
     runner.report = dataclasses.replace(runner.report, warmup_ms=ms)
     what = "peak allocated" if device.type == "cuda" else "peak RSS"

@@ -67,6 +67,7 @@ def load_runner(config: ServerConfig) -> ServedRunner:
         tree_attention=config.tree_attention,
         dense_path=config.dense_path,
         rerank_template=config.rerank_template,
+        cuda_graphs=config.cuda_graphs,
     )
     runner.defer_copies = True  # on CUDA the scheduler waits for the outputs' copies on its own thread
     return runner

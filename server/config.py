@@ -108,6 +108,11 @@ class ServerConfig:
                 "where estimated cheaper than the flat path on the CPU (flat on CUDA, where it measured "
                 "slower), on for every compact batch, off never",
         choices=TREE_ATTENTION)
+    cuda_graphs: str = option(
+        "auto", "a lone short input through a CUDA graph captured at start-up per length bucket: auto where "
+                "it measures faster than eager (checked exact first; off on a CPU), on for every bucket that "
+                "checks exact (refused without CUDA), off never",
+        choices=("auto", "on", "off"))
     batching_policy: str = option(
         "fifo", "fifo, or prefix: form batches from requests that share prefixes (with aging)",
         choices=("fifo", "prefix"))

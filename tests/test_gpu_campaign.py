@@ -194,7 +194,8 @@ def test_the_fifteen_minute_plan_fits_its_two_commands():
     assert plan.planned_s("first", plan.GPU) <= plan.FIRST_BUDGET_S == default_deadline("first") == 420
     assert plan.planned_s("second", plan.GPU) <= plan.SECOND_BUDGET_S == default_deadline("second") == 300
     first = [s.name for s in plan.steps("first", plan.GPU)]
-    assert first == ["fixture-small", "arms-small", "floor-embed", "ceiling-small", "fixture-big", "forward-big"]
+    assert first == ["fixture-small", "arms-small", "floor-embed", "ceiling-small", "fixture-big", "forward-big",
+                     "graphs-small"]
     arms = {s.name: s for s in plan.steps("first", plan.GPU)}["arms-small"].args["arms"]
     assert arms[:2] == ["off", "compact"] and "compact+cache" in arms
     for phase in ("first", "second"):
@@ -230,7 +231,7 @@ def test_rehearsal_first_serves_the_arms_side_by_side(tmp_path):
     out = tmp_path / "first"
     res = _campaign("first", out, "--step-limit-factor", "20", deadline=1800)
     assert res.returncode == 0, res.stderr[-3000:]
-    assert res.stdout.rstrip().splitlines()[-1].startswith("| forward-big | ok |")  # the table comes last
+    assert res.stdout.rstrip().splitlines()[-1].startswith("| graphs-small | ok |")  # the table comes last
     steps = {s["step"]: s for s in _steps(out, "first")}
     assert all(s["status"] == "ok" for s in steps.values()), steps
     side = steps["arms-small"]["result"]

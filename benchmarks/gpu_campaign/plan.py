@@ -75,7 +75,7 @@ GPU = Sizes(
           # the 15-minute plan: fixtures drawn on the GPU and streamed to disk, the arms side by side
           "prelude": 15, "fixture:small:drawn": 20, "fixture:mid:drawn": 35, "fixture:big:drawn": 60,
           "arms:small": 150, "arms:mid": 100, "floor:short": 40, "ceiling:short": 20, "forward:big:drawn": 95,
-          "dtypes:short": 45, "launches:short": 30, "frontends:short": 40, "gpu_check:rest": 20},
+          "dtypes:short": 45, "launches:short": 30, "frontends:short": 40, "gpu_check:rest": 20, "graphs:short": 20},
 )
 CPU = Sizes(
     device="cpu", dtype="float32", small="tiny-embedding", mid="tiny-embedding", big="tiny-embedding",
@@ -89,7 +89,7 @@ CPU = Sizes(
           # generous: a step's limit is 2.5x its estimate, and the rehearsal runs on loaded CI boxes
           "prelude": 2, "fixture:small:drawn": 30, "fixture:mid:drawn": 30, "fixture:big:drawn": 30,
           "arms:small": 60, "arms:mid": 45, "floor:short": 30, "ceiling:short": 6, "forward:big:drawn": 30,
-          "dtypes:short": 20, "launches:short": 20, "frontends:short": 40, "gpu_check:rest": 5},
+          "dtypes:short": 20, "launches:short": 20, "frontends:short": 40, "gpu_check:rest": 5, "graphs:short": 20},
 )
 
 
@@ -141,13 +141,15 @@ def steps(phase: str, s: Sizes) -> list[Step]:
                               {"role": role, "kind": "embedding", "drawn": True})
     if phase == "first":
         # by value: the server on the GPU end to end (radix off against compact, and the cache),
-        # the latency of one short query, the client's ceiling behind those figures, the 8B forward
+        # the latency of one short query, the client's ceiling behind those figures, the 8B forward,
+        # then one short input through CUDA graphs against eager (in-process, the 0.6B fixture)
         return [drawn("small"),
                 Step("arms-small", "arms", "arms:small",
                      {"role": "small", "arms": ["off", "compact", "compact+cache"], "drawn": True}),
                 Step("floor-embed", "floor", "floor:short", {"role": "small", "kind": "embedding", "drawn": True}),
                 Step("ceiling-small", "ceiling", "ceiling:short", {"role": "small", "duration": s.slice_s}),
-                drawn("big"), Step("forward-big", "forward", "forward:big:drawn", {"role": "big", "drawn": True})]
+                drawn("big"), Step("forward-big", "forward", "forward:big:drawn", {"role": "big", "drawn": True}),
+                Step("graphs-small", "graphs", "graphs:short", {"role": "small", "drawn": True})]
     if phase == "second":
         return [drawn("mid"),
                 Step("arms-mid", "arms", "arms:mid", {"role": "mid", "arms": ["off", "compact"], "drawn": True}),

@@ -95,6 +95,15 @@ def _other_tables(records: list[dict]) -> list[str]:
                 md.append(f"- peak memory at {m['tokens']} tokens per batch: " + ", ".join(
                     f"{mode} {_f(None if m[mode] is None else m[mode] / 2**30, '{:.2f} GiB', 'n/a')}"
                     for mode in ("off", "paper", "compact")))
+        elif k == "graphs":
+            md += ["", f"One input, CUDA graphs against eager, {x['requests']} requests each, taking turns "
+                   f"(prepare + run + copy to the host; {x['cuda_graphs'].get('state', '-')}):", "",
+                   "| tokens | by graph | graph p50 ms | graph p99 ms | eager p50 ms | eager p99 ms | eager / graph |",
+                   "|---|---|---|---|---|---|---|"]
+            md += [f"| {row['tokens']} | {row['served_by_graph']} | {row['graph_p50_ms']:.3f} | {row['graph_p99_ms']:.3f} | "
+                   f"{row['eager_p50_ms']:.3f} | {row['eager_p99_ms']:.3f} | {row['eager_over_graph']:.2f}x |"
+                   for row in x["rows"]]
+            md += [f"- bucket {b}: {why}" for b, why in x["cuda_graphs"].get("buckets", {}).items()]
         elif k == "exactness":
             md += ["", "| dtype | mode | rel err vs transformers fp32 | transformers' own | ok |", "|---|---|---|---|---|"]
             md += [f"| {row['dtype']} | {row['mode']} | {row['rel_err']:.2e} | {row['transformers_rel_err']:.2e} | "

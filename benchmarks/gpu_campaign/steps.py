@@ -88,6 +88,10 @@ def run(kind: str, a: dict) -> dict:
             return e2e.floor(s, model_dir(s, a["role"], a["kind"], drawn=drawn), kind=a["kind"], logs=logs,
                              deadline_at=deadline_at)
         return e2e.host(s, model_dir(s, a["role"]), work=work, threads=max(1, (os.cpu_count() or 2) - 1))
+    if kind == "graphs":
+        from benchmarks.gpu_campaign import graphs
+
+        return graphs.one_input(s, model_dir(s, a["role"], drawn=drawn), deadline_at=deadline_at)
     if kind in ("forward", "dtypes"):
         from benchmarks.gpu_campaign import forward
 

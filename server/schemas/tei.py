@@ -82,6 +82,8 @@ class Info(BaseModel):
                                description="the prefix cache's size: tokens, bytes, bytes_per_token, why")
     memory: dict[str, int] = Field(default_factory=dict,
                                    description="weights_bytes; on CUDA allocated_bytes and reserved_bytes after load")
+    cuda_graphs: dict = Field(default_factory=dict, description="--cuda-graphs: mode, state (which input lengths "
+                              "a CUDA graph serves, or off and why) and per bucket graph or eager and why")
     batching_policy: str
     startup: dict[str, float] = Field(default_factory=dict, description="launch to healthy: stage -> seconds, and total")
     version: str

@@ -75,6 +75,7 @@ def build_info(config: ServerConfig, runner: ServedRunner, *, max_input_length: 
         "cpu_attention": runner.report.cpu_attention,
         "memory": dict(runner.report.memory),
         "prefix_cache": dict(runner.report.prefix_cache),
+        "cuda_graphs": runner.report.cuda_graphs,  # live: the warm-up fills it (models/graphs.py)
         "batching_policy": config.batching_policy,
         "startup": runner.report.startup.seconds,  # live: filled as stages end
         "version": version(),
@@ -90,7 +91,7 @@ def startup_line(config: ServerConfig, runner: ServedRunner, max_input_length: i
         f"attention_backend={runner.attention_backend} kernels={report.kernels} "
         f"linear={report.linear} cpu_weights={report.linear_choice.split(':')[0] or '-'} cpu_attention={report.cpu_attention.split(' ')[0] or '-'} "
         f"radix_mlp_threshold={config.radix_mlp_threshold} radix_attention={runner.radix_attention} "
-        f"batching_policy={config.batching_policy} "
+        f"batching_policy={config.batching_policy} cuda_graphs={report.cuda_graphs.get('state', '-')!r} "
         f"max_input_length={max_input_length} max_batch_tokens={config.max_batch_tokens} "
         f"max_concurrent_requests={config.max_concurrent_requests} on {config.hostname}:{config.port}"
     )
