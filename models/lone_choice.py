@@ -57,7 +57,7 @@ class LoneCacheChoice:
             self.cost[cached] = seconds if old is None else old + WEIGHT * (seconds - old)
 
     def describe(self) -> dict:
-        """The figures, for /info and tests: ms per batch by path, and the lone batches seen."""
+        """The figures (tests, benchmarks): ms per batch by path, and the lone batches seen."""
         with self._lock:
             return {"cache_ms": _ms(self.cost[True]), "no_cache_ms": _ms(self.cost[False]), "batches": self.count}
 
