@@ -10,7 +10,8 @@ The folders, one concern each:
 
 Beside them: runner.py (`Runner`, `load_runner`), batch.py (a batch's device tensors), trie.py
 (the per-batch prefix trie), pooling.py, streams.py (host/device copies), warmup.py, startup.py,
-prefix_setup.py, options.py, measure_cache.py.
+prefix_setup.py, options.py, measure_cache.py, lone_choice.py (the prefix cache for a lone short
+input, by measured cost).
 
 `load_runner(...) -> Runner` is the entry point (imported lazily, so `models.text` stays cheap to
 import, for the repository's fixture builder among others).

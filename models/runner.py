@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,7 @@ from models.dense import DenseStack, load_dense
 from models.graphs import GraphSet, check_mode as check_cuda_graphs
 from models.checkpoint.config import ModelConfig, read_config
 from models.linear.select import choose_linears
+from models.lone_choice import LoneCacheChoice
 from models.checkpoint.loader import (default_device, describe_memory, load_weights, memory_report, parse_dtype,
                            resolve_model_dir)
 from models.options import KINDS, POOLINGS, RADIX_ATTENTION, check_radix_mlp_threshold, use_index
@@ -69,6 +71,9 @@ class PreparedBatch:
     token_items: tuple[int, ...] = ()  # the all_tokens items, ascending: they answer [L, E] states
     token_rows: torch.Tensor | None = None  # [sum of their lengths] int64 model row of each of their tokens
     ready: torch.cuda.Event | None = None  # CUDA: recorded on the copy stream after this batch's copies
+    # a lone short batch under `Runner.lone_choice`: whether it took the cache, and prepare's seconds
+    lone_cached: bool | None = None
+    lone_prepare_s: float = 0.0
 
 
 @dataclass
@@ -108,6 +113,9 @@ class Runner:
     defer_copies: bool = False
     dense: DenseStack | None = None  # sentence-transformers Dense modules after pooling (models/dense.py)
     graphs: GraphSet | None = None  # CUDA graphs for a lone short input (models/graphs.py); None: eager
+    # a lone short batch on a CPU uses the prefix cache only when it measures cheaper (models/lone_choice.py);
+    # None: always (the server sets one, server/app.py)
+    lone_choice: LoneCacheChoice | None = None
 
     @property
     def attention_report(self) -> dict:
@@ -130,6 +138,7 @@ class Runner:
         each item's prefix-cache namespace (b"": the shared one); items of different namespaces
         share neither cache entries nor trie nodes.
         """
+        t0 = time.perf_counter()
         if self.head == "score":  # the score token: the last non-pad one (transformers' rule)
             input_ids, cu_seqlens = cut_trailing_pad(input_ids, cu_seqlens, self.config.pad_token_id)
         n = int(cu_seqlens[-1])
@@ -150,6 +159,12 @@ class Runner:
             saved = n - len(built.compact_ids)
             if use_index(self.radix_mlp_threshold, ratio, saved_rows=saved, hidden_size=self.config.hidden_size):
                 index = built
+        use_cache = self.cache_usable(all_tokens=per_token) and not (
+            self.graphs is not None and self.graphs.fits(len(cu_seqlens) - 1, n, per_token))
+        lone_cached: bool | None = None
+        if (use_cache and self.lone_choice is not None and self.device.type == "cpu"
+                and self.lone_choice.applies(len(cu_seqlens) - 1, n)):
+            lone_cached = use_cache = self.lone_choice.use_cache()
         # NOTE: tokens read from the prefix cache have no hidden-state row (only pooled K/V), so a
         # batch with per-token items runs without it. Leaving out only those items' sequences is
         # not enough: a cached node they share with another sequence would still lose its row, and
@@ -158,8 +173,7 @@ class Runner:
             forward = build_forward_batch(
                 input_ids, cu_seqlens, index, mode=self.radix_attention, device=self.device,
                 mean_pooling=self.kind == "embedding" and self.pooling == "mean",
-                cache=self.prefix_cache if self.cache_usable(all_tokens=per_token) and not (
-                    self.graphs is not None and self.graphs.fits(len(cu_seqlens) - 1, n, per_token)) else None,
+                cache=self.prefix_cache if use_cache else None,
                 namespaces=namespaces,
             )
             forward = attach_tree(forward, self.tree_attention, self.tree_path.fn if self.tree_path else None,
@@ -173,7 +187,8 @@ class Runner:
         # NOTE: rows actually computed: N' (or N) less the prefix cache's hits.
         return PreparedBatch(forward, n_tokens=n, n_compact=forward.num_rows, ratio=ratio,
                              used_index=index is not None, computed_tokens=forward.computed_tokens,
-                             token_items=items, token_rows=rows, ready=streams.copied(self.device))
+                             token_items=items, token_rows=rows, ready=streams.copied(self.device),
+                             lone_cached=lone_cached, lone_prepare_s=time.perf_counter() - t0)
 
     def _token_rows(self, n: int, cu_seqlens, mask: np.ndarray,
                     index: RadixIndex | None) -> tuple[tuple[int, ...], torch.Tensor]:
@@ -234,6 +249,7 @@ class Runner:
         the pool on the same stream, after it; a device fault there is fatal to the process. The
         commit here only queues the lease; the prep thread publishes it before its next look-up."""
         batch = prepared.forward
+        t0 = time.perf_counter()
         out: torch.Tensor | list | streams.HostCopy
         try:
             with torch.inference_mode():
@@ -251,6 +267,8 @@ class Runner:
             raise
         if batch.cache is not None:
             batch.cache.commit()
+        if prepared.lone_cached is not None and self.lone_choice is not None:
+            self.lone_choice.record(prepared.lone_cached, prepared.lone_prepare_s + time.perf_counter() - t0)
         return out if self.defer_copies else streams.settled(out)
 
     def output_shape(self, n: int) -> tuple[int, ...]:

@@ -49,6 +49,7 @@ def max_input_length(config: ServerConfig, runner: ServedRunner) -> int:
 
 def load_runner(config: ServerConfig) -> ServedRunner:
     import models
+    from models.lone_choice import LoneCacheChoice
 
     runner = models.load_runner(
         config.model_id,
@@ -70,6 +71,7 @@ def load_runner(config: ServerConfig) -> ServedRunner:
         cuda_graphs=config.cuda_graphs,
     )
     runner.defer_copies = True  # on CUDA the scheduler waits for the outputs' copies on its own thread
+    runner.lone_choice = LoneCacheChoice()  # a lone short input: the cache when it pays (models/lone_choice.py)
     return runner
 
 

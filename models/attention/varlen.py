@@ -323,6 +323,8 @@ def short_plan(runs: tuple[Run, ...], cu_q, cu_k) -> ShortPlan:
     never lets a real query see a padding key, and their P prefix keys are all real: no mask,
     nothing approximated; padding query rows are computed and dropped (<= SHORT_PAD x the real).
     """
+    if len(runs) <= 1:  # a bucket merges sequences of two runs or more: one run keeps its own call
+        return ShortPlan(runs, ())
     cq, ck = np.asarray(cu_q, np.int64), np.asarray(cu_k, np.int64)
     first = np.cumsum([0] + [r[2] for r in runs])  # the sequence index each run starts at
     cand = [s for i, r in enumerate(runs) if 0 < r[3] <= SHORT_Q and r[4] <= SHORT_K and r[2] < SHORT_RUN
