@@ -54,27 +54,30 @@ def probe_once(url: str, timeout: float = 2.0) -> bool:
 
 
 class Prober(threading.Thread):
-    """Probe ``url``/health every ``interval_s`` (:func:`probe_once`); latencies in ms, failures counted."""
+    """Probe ``url``/health every ``interval_s`` (:func:`probe_once`, failing past ``timeout`` s, as a
+    kubelet probe does); latencies in ms, failures counted. It probes at least once, however soon
+    it is stopped."""
 
-    def __init__(self, url: str, interval_s: float = 0.02) -> None:
+    def __init__(self, url: str, interval_s: float = 0.02, timeout: float = 2.0) -> None:
         super().__init__(daemon=True)
-        self.url, self.interval_s = url, interval_s
+        self.url, self.interval_s, self.timeout = url, interval_s, timeout
         self.latencies: list[float] = []
         self.failed = 0
         self.stop = threading.Event()
 
     def run(self) -> None:
-        while not self.stop.is_set():
+        while True:
             t0 = time.perf_counter()
             try:
-                ok = probe_once(self.url)
+                ok = probe_once(self.url, self.timeout)
             except OSError:
                 ok = False
             if ok:
                 self.latencies.append((time.perf_counter() - t0) * 1e3)
             else:
                 self.failed += 1
-            self.stop.wait(max(0.0, self.interval_s - (time.perf_counter() - t0)))
+            if self.stop.wait(max(0.0, self.interval_s - (time.perf_counter() - t0))):
+                break
 
     def summary(self) -> dict:
         lat = sorted(self.latencies)
@@ -188,15 +191,16 @@ def attack_slow(url: str, seconds: float, *, count: int) -> list:
     return _hold(url, count, seconds, head)
 
 
-def run(url: str, probe_url: str | None, attacks: list[str], *, seconds: float, idle: int, slow: int) -> dict:
+def run(url: str, probe_url: str | None, attacks: list[str], *, seconds: float, idle: int, slow: int,
+        probe_timeout: float = 2.0) -> dict:
     table = {"none": lambda u, s: time.sleep(s) or [], "bodies": attack_bodies, "headers": attack_headers,
              "pairs": attack_pairs, "scores": attack_scores,
              "idle": lambda u, s: attack_idle(u, s, count=idle), "slow": lambda u, s: attack_slow(u, s, count=slow)}
     report = {}
     for name in attacks:
-        probers = {"api": Prober(url)}
+        probers = {"api": Prober(url, timeout=probe_timeout)}
         if probe_url:
-            probers["probe_port"] = Prober(probe_url)
+            probers["probe_port"] = Prober(probe_url, timeout=probe_timeout)
         for p in probers.values():
             p.start()
         answers = table[name](url, seconds)
