@@ -1,4 +1,5 @@
-"""ForwardBatch: everything one ragged forward needs, built on the host before the model runs.
+"""ForwardBatch: everything one ragged forward needs, built on the host before the model runs;
+PreparedBatch: one ForwardBatch with the figures the scheduler reports about it (`Runner.prepare`).
 
 Invariant: all index arithmetic happens on the host, in numpy, on the scheduler's CPU thread (here
 and in the prefix cache's plan); the forward only reads tensors and Python ints (no
@@ -216,3 +217,21 @@ def _build_cached(cu: np.ndarray, index: RadixIndex, plan: CachePlan,
         first_rows=_dev(first, device), scatter=None, gather=None, kv_index=_dev(kv_index, device),
         mean_weights=None, cache=plan.io, cached_tokens=tuple(plan.hits.tolist()), kv_host=kv_index,
     )
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """One batch ready for `run`, and the figures the scheduler reports about it."""
+
+    forward: ForwardBatch
+    n_tokens: int  # N, original tokens
+    n_compact: int  # rows the model runs on: N' with the trie, N without
+    ratio: float  # N'/N of the trie (1.0 when it was not built)
+    used_index: bool  # did the gate let the trie through
+    computed_tokens: tuple[int, ...] = ()  # [B] tokens of each sequence not read from the prefix cache
+    token_items: tuple[int, ...] = ()  # the all_tokens items, ascending: they answer [L, E] states
+    token_rows: torch.Tensor | None = None  # [sum of their lengths] int64 model row of each of their tokens
+    ready: torch.cuda.Event | None = None  # CUDA: recorded on the copy stream after this batch's copies
+    # a lone short batch under `Runner.lone_choice`: whether it took the cache, and prepare's seconds
+    lone_cached: bool | None = None
+    lone_prepare_s: float = 0.0

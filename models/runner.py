@@ -20,7 +20,7 @@ import torch
 from tokenizers import Tokenizer
 
 import kernels
-from models.batch import ForwardBatch, build_forward_batch
+from models.batch import ForwardBatch, PreparedBatch, build_forward_batch
 from models.checkpoint.directory import detect_kind, detect_pooling, read_modules, read_prompts, token_id
 from models.dense import DenseStack, load_dense
 from models.graphs import GraphSet, check_mode as check_cuda_graphs
@@ -44,7 +44,7 @@ from models.checkpoint.reranker_mark import reranker_mark
 from models.families.registry import (RERANK_TEMPLATES, SCORE_HEAD, build_model, check_kind, check_remote_code,
                                      check_template, default_kind, family_spec, rerank_spec, rerank_template_for,
                                      resolve as resolve_family)
-from models.trie import RadixIndex, build_index, positions_from_cu_seqlens
+from models.trie import RadixIndex, build_index, namespace_groups, positions_from_cu_seqlens
 from models.attention.tree import POLICIES as TREE_POLICIES, attach_tree
 from models.attention.tree_select import TreeBackend, describe_tree
 from models.warmup import warm_up
@@ -55,25 +55,6 @@ MAX_SEQS = 65535  # sequences per batch: CUDA attention kernels launch one grid 
 
 def _same(x: torch.Tensor) -> torch.Tensor:
     return x
-
-
-
-@dataclass(frozen=True)
-class PreparedBatch:
-    """One batch ready for `run`, and the figures the scheduler reports about it."""
-
-    forward: ForwardBatch
-    n_tokens: int  # N, original tokens
-    n_compact: int  # rows the model runs on: N' with the trie, N without
-    ratio: float  # N'/N of the trie (1.0 when it was not built)
-    used_index: bool  # did the gate let the trie through
-    computed_tokens: tuple[int, ...] = ()  # [B] tokens of each sequence not read from the prefix cache
-    token_items: tuple[int, ...] = ()  # the all_tokens items, ascending: they answer [L, E] states
-    token_rows: torch.Tensor | None = None  # [sum of their lengths] int64 model row of each of their tokens
-    ready: torch.cuda.Event | None = None  # CUDA: recorded on the copy stream after this batch's copies
-    # a lone short batch under `Runner.lone_choice`: whether it took the cache, and prepare's seconds
-    lone_cached: bool | None = None
-    lone_prepare_s: float = 0.0
 
 
 @dataclass
@@ -406,12 +387,3 @@ def load_runner(model_id: str, *, revision: str | None = None, device=None, dtyp
     clock.mark("cache allocation")
     return runner
 
-
-def namespace_groups(namespaces) -> np.ndarray | None:
-    """[B] int64 group of each item for the trie: 0 for the shared namespace (b""), 1.. for the
-    others in order of first appearance; None when every item is in the shared one."""
-    if namespaces is None or not any(namespaces):
-        return None
-    ranks: dict[bytes, int] = {b"": 0}
-    return np.fromiter((ranks.setdefault(ns, len(ranks)) for ns in namespaces), dtype=np.int64,
-                       count=len(namespaces))

@@ -206,3 +206,12 @@ def build_index(input_ids, position_ids, cu_seqlens, *, groups=None) -> RadixInd
         ratio=gather.size / n,
     )
 
+
+def namespace_groups(namespaces) -> np.ndarray | None:
+    """[B] int64 group of each item for the trie: 0 for the shared namespace (b""), 1.. for the
+    others in order of first appearance; None when every item is in the shared one."""
+    if namespaces is None or not any(namespaces):
+        return None
+    ranks: dict[bytes, int] = {b"": 0}
+    return np.fromiter((ranks.setdefault(ns, len(ranks)) for ns in namespaces), dtype=np.int64,
+                       count=len(namespaces))
