@@ -274,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         arms.append(Arm(name, url=url))
     model = str(fixtures.cached(a.preset))
     extra = ["--served-model-name", a.served_model_name] if a.served_model_name else []
+    if a.log_dir:
+        os.makedirs(a.log_dir, exist_ok=True)
     try:
         for arm in arms:
             if not arm.url:

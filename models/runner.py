@@ -204,10 +204,11 @@ class Runner:
 
     def _served(self, batch: ForwardBatch) -> torch.Tensor:
         """`forward` as serving runs it: a lone short input through its CUDA graph bucket when one
-        was chosen (the first rows of the padded forward, models/graphs.py), else eagerly."""
+        was chosen (the first rows of the padded forward, models/graphs.py), else `forward` itself
+        (the seam a benchmark's zero-cost forward replaces: benchmarks/host_ceiling.py)."""
         hidden = self.graphs.hidden(batch) if self.graphs is not None else None
         if hidden is None:
-            hidden = self.model(batch.input_ids, batch.positions, batch)  # [T, E]
+            return self.forward(batch)
         return self._head(hidden, batch)
 
     def _head(self, hidden: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
