@@ -70,13 +70,13 @@ def model_dir():
     for name in ("config.json", "tokenizer.json", "model.safetensors"):
         (d / name).write_text("{}")
         (d / name).chmod(0o644)
-    (d / "README.md").write_text("not read by the loader")
+    (d / "training_args.bin").write_text("not read by the loader")
     yield d
     shutil.rmtree(root)
 
 
 def test_readable_checkpoint_passes(model_dir):
-    (model_dir / "README.md").chmod(0o600)  # a file the loader never opens does not matter
+    (model_dir / "training_args.bin").chmod(0o600)  # a file the loader never opens does not matter
     assert _as_other_user(lambda: check_readable(model_dir)) == ""
 
 
@@ -102,3 +102,12 @@ def test_untraversable_directory_is_named(model_dir):
     message = _as_other_user(lambda: resolve_model_dir(str(model_dir)))
     assert message.startswith(f"cannot read model directory {model_dir} as uid "), message
     assert "mode 0700" in message, message
+
+
+def test_an_unreadable_card_is_named(model_dir):
+    """The model card is read (a one-label head's reranker mark), so an unreadable one is named at
+    start rather than read as no card, which would serve the head as another kind in silence."""
+    card = model_dir / "README.md"
+    card.write_text("# a card")
+    card.chmod(0o600)
+    assert "README.md" in _as_other_user(lambda: check_readable(model_dir))
