@@ -107,9 +107,10 @@ def test_cli_alternate_report_says_so(two_servers, tmp_path):
 def test_alternate_against_two_real_servers(tiny_embedding_dir, tmp_path):
     """Both servers are up during the run (started first, stopped after); they see the same
     queries, so their token counters agree, and only the one with the prefix cache reads from it:
-    every query after the first shares the instruction prompt."""
+    every request after the first shares the template. (Templated batches of many sequences: a lone
+    short query may skip the cache where skipping measures cheaper, models/lone_choice.py.)"""
     targets = [compare.parse_server("off: --prefix-cache-size 0"), compare.parse_server("on: ")]
-    reqs = _requests()
+    reqs = workloads.build_requests(datasets.synthetic(80, seed=3), "embed-template")
     cfg = client.RunConfig(url="", concurrency=1, requests=6, warmup=1, progress=False)
     (t_off, off), (t_on, on) = compare.run_targets(targets, reqs, cfg, model_id=str(tiny_embedding_dir),
                                                    log_dir=tmp_path, startup_timeout=600, alternate=True)
