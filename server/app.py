@@ -28,7 +28,7 @@ from server.http.errors import install_handlers
 from server.http.front_door import FrontDoor
 from server.http.lifecycle import DrainGate, Lifecycle
 from server.http.openapi import HeadAsGet, install_openapi
-from server.memory import MemoryBudget
+from server.memory import MemoryBudget, activation_bytes
 from server.routes import cohere, infinity, openai, ops, tei, vllm
 from server.service.contract import ServedRunner, ServedScheduler
 from server.service.core import Limits, Service
@@ -104,6 +104,17 @@ def tokenization_workers(config: ServerConfig) -> int:
     return max(2, min(64, (os.cpu_count() or 2) - 1))
 
 
+def host_activations(config: ServerConfig, runner: ServedRunner) -> int:
+    """One full batch's activations in host memory (server/memory.py), 0 when the forward runs on
+    a device or the runner does not say its widths (an injected test runner)."""
+    widths = [getattr(runner.config, name, None) for name in ("hidden_size", "intermediate_size")]
+    itemsize = getattr(runner.dtype, "itemsize", None)
+    if getattr(runner.device, "type", "cpu") != "cpu" or None in widths or not itemsize:
+        return 0
+    return activation_bytes(tokens=config.max_batch_tokens, hidden=int(widths[0]), intermediate=int(widths[1]),
+                            dtype_bytes=int(itemsize))
+
+
 def build_service(config: ServerConfig, runner: ServedRunner, scheduler: ServedScheduler,
                   metrics: Metrics) -> Service:
     return Service(
@@ -122,7 +133,7 @@ def build_service(config: ServerConfig, runner: ServedRunner, scheduler: ServedS
         default_prompt_name=config.default_prompt_name,
         default_prompt=config.default_prompt,
         tokenization_workers=tokenization_workers(config),
-        memory=MemoryBudget.detect(config.memory_limit),
+        memory=MemoryBudget.detect(config.memory_limit, activations=host_activations(config, runner)),
         model_names=ModelNames.of(served=config.served_names, model_id=config.model_id),
     )
 

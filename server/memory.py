@@ -3,8 +3,10 @@
 The limit is the smallest of ``--memory-limit``, the cgroup's (v2 ``memory.max``, v1
 ``memory.limit_in_bytes``) and the address-space limit (``RLIMIT_AS``, ``ulimit -v``). What the
 process already uses when serving starts (the model, the threads, the caches: ``baseline``) and
-a headroom (a quarter of what is left, at least 64 MiB: a batch's activations, allocator slack)
-are kept out; the rest is the requests' budget. Every request reserves its estimated bytes before
+a headroom (a quarter of what is left, at least 64 MiB and a batch's activations and allocator slack)
+are kept out; the rest is the requests' budget. On a CPU the headroom is at least one full batch's
+activations (``activation_bytes``, from the model's widths and ``--max-batch-tokens``) plus the
+allocator's slack, since the forward's tensors live in this process's memory. Every request reserves its estimated bytes before
 any work on it, from its body alone (``text_token_bound``: a byte-level BPE token covers at least
 one byte, so the UTF-8 bytes bound the tokens; each input at most the input limit), shrinks the
 reservation to the exact estimate once tokenized, before it is queued (``estimate``: its tokens,
@@ -41,6 +43,15 @@ TOKEN_BYTES_BY_COST = {"embed": 1024, "embed_all": 1024, "rerank": 640, "score":
 FLOAT_BYTES = 32  # an answer float: the array's 4 bytes and ~25 bytes of JSON text being rendered
 MIN_HEADROOM = 64 * MIB
 HEADROOM_SHARE = 0.25
+# Each thread's malloc arena keeps its own high-water mark (the tokenizer pool's, the worker's, the
+# intra-op threads'): the first large request on a thread grows the process by up to 20-36 MB
+# beyond what it holds (tiny fixtures, /predict pairs, 2-core EPYC).
+ALLOCATOR_SLACK = 48 * MIB
+# Floats one token of a forward holds at its peak, per unit of (hidden + intermediate) width: the
+# residual, the normed input, q/k/v and the rotary copies, the MLP's fused gate-up, its activation
+# and output, oneDNN's reorders; the tiny fixtures' 16384-token forward grew a fresh worker
+# arena by ~60 MB, 3.8 KB a token at widths 64 + 128 (5 floats per unit).
+ACTIVATION_FLOATS_PER_WIDTH = 6
 UNLIMITED = 1 << 62  # cgroup v1 reports "no limit" as a huge number near 2**63
 
 
@@ -115,25 +126,39 @@ def text_token_bound(text: str) -> int:
     return size if unicodedata.is_normalized("NFC", text) else NFC_GROWTH * size
 
 
+def activation_bytes(*, tokens: int, hidden: int, intermediate: int, dtype_bytes: int) -> int:
+    """Bytes a forward of ``tokens`` tokens holds at its peak in host memory (a CPU forward)."""
+    return tokens * dtype_bytes * ACTIVATION_FLOATS_PER_WIDTH * (hidden + intermediate)
+
+
+def headroom(left: int, *, activations: int = 0) -> int:
+    """What the budget keeps out of ``left``: a quarter of it, at least 64 MiB, and at least one
+    batch's host ``activations`` with the allocator's slack when the forward runs on the host."""
+    floor = max(MIN_HEADROOM, activations + ALLOCATOR_SLACK) if activations else MIN_HEADROOM
+    return max(floor, int(left * HEADROOM_SHARE))
+
+
 class MemoryBudget:
     """Bytes the requests in flight may hold together (event-loop confined: no lock needed)."""
 
-    def __init__(self, limit: int | None, *, source: str = "--memory-limit", baseline: int = 0) -> None:
+    def __init__(self, limit: int | None, *, source: str = "--memory-limit", baseline: int = 0,
+                 activations: int = 0) -> None:
         self.limit, self.source, self.in_use = limit, source, 0
         self.total: int | None = None
         if limit is not None:
             left = max(0, limit - baseline)
-            self.total = max(0, left - max(MIN_HEADROOM, int(left * HEADROOM_SHARE)))
+            self.total = max(0, left - headroom(left, activations=activations))
 
     @classmethod
-    def detect(cls, flag: int | None) -> "MemoryBudget":
+    def detect(cls, flag: int | None, *, activations: int = 0) -> "MemoryBudget":
         """The budget of this process, its baseline measured now (VmSize against an address-space
-        limit, which counts reservations; resident memory against the others)."""
+        limit, which counts reservations; resident memory against the others); ``activations``:
+        one batch's host activations (0 where the forward runs on a device)."""
         limit, source = detect_limit(flag)
         if limit is None:
             return cls(None, source=source)
         baseline = _status_kib("VmSize" if source.startswith("the address") else "VmRSS")
-        return cls(limit, source=source, baseline=baseline)
+        return cls(limit, source=source, baseline=baseline, activations=activations)
 
     @contextlib.contextmanager
     def reserved(self, nbytes: int, *, what: str) -> Iterator["Held"]:
