@@ -26,6 +26,16 @@ from tests.serving import free_port
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def test_a_cpu_forward_keeps_a_full_batch_of_activations_out_of_the_budget():
+    # Qwen3-0.6B's widths at 16384 tokens, fp32: 16384 x 4 x 6 x (1024 + 3072) bytes = 1536 MiB
+    acts = memory.activation_bytes(tokens=16384, hidden=1024, intermediate=3072, dtype_bytes=4)
+    assert acts == 1536 * MIB
+    budget = MemoryBudget(4000 * MIB, source="--memory-limit", baseline=1000 * MIB, activations=acts)
+    assert budget.total == 3000 * MIB - acts - memory.ALLOCATOR_SLACK  # more than a quarter of 3000
+    assert MemoryBudget(4000 * MIB, baseline=1000 * MIB, activations=MIB).total == 2250 * MIB  # the quarter
+    assert MemoryBudget(100 * MIB).total == 100 * MIB - memory.MIN_HEADROOM  # no activations: the floor
+
+
 def test_budget_refuses_what_can_never_fit_and_what_does_not_fit_now():
     budget = MemoryBudget(1000 * MIB, source="--memory-limit", baseline=200 * MIB)
     assert budget.total == 600 * MIB  # 800 left, a quarter kept as headroom
