@@ -7,7 +7,7 @@
 
 Each ``--arm NAME=FORWARD[,cache=SIZE][,root=DIR][,api-servers=N]`` is the real CLI
 (``server.cli.main``) in a subprocess on the preset's fixture: FORWARD ``zero`` replaces the
-runner's forward by one that returns zeros of the right shape (``benchmarks.host_ceiling.zero_forward``:
+runner's forward by one that returns zeros of the right shape (``benchmarks.host_child.zero_forward``:
 everything else, prefix cache and trie included, is real), ``real`` keeps it. ``root``: import the
 server from that checkout instead (a before/after comparison; stages are stamped only where that
 checkout has ``scheduler/stages.py``). ``--target NAME=URL`` adds a server already running (a peer
@@ -52,7 +52,7 @@ def serve_child(argv: list[str]) -> int:
     forward, root, *cli_argv = argv
     if root:
         sys.path.insert(0, root)
-    from benchmarks.host_ceiling import zero_forward
+    from benchmarks.host_child import zero_forward
 
     import server.app
     from server import cli
