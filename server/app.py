@@ -107,11 +107,12 @@ def tokenization_workers(config: ServerConfig) -> int:
 def host_activations(config: ServerConfig, runner: ServedRunner) -> int:
     """One full batch's activations in host memory (server/memory.py), 0 when the forward runs on
     a device or the runner does not say its widths (an injected test runner)."""
-    widths = [getattr(runner.config, name, None) for name in ("hidden_size", "intermediate_size")]
+    hidden = getattr(runner.config, "hidden_size", None)
+    intermediate = getattr(runner.config, "intermediate_size", None)
     itemsize = getattr(runner.dtype, "itemsize", None)
-    if getattr(runner.device, "type", "cpu") != "cpu" or None in widths or not itemsize:
+    if getattr(runner.device, "type", "cpu") != "cpu" or hidden is None or intermediate is None or not itemsize:
         return 0
-    return activation_bytes(tokens=config.max_batch_tokens, hidden=int(widths[0]), intermediate=int(widths[1]),
+    return activation_bytes(tokens=config.max_batch_tokens, hidden=int(hidden), intermediate=int(intermediate),
                             dtype_bytes=int(itemsize))
 
 
