@@ -125,6 +125,10 @@ def test_managed_server_that_exits_early_is_an_error(tmp_path):
         missing.__enter__()
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_compare_stops_its_server_when_signalled(tmp_path, sig):
@@ -135,7 +139,12 @@ def test_compare_stops_its_server_when_signalled(tmp_path, sig):
     argv = [sys.executable, "-m", "loadtest.cli", "compare", "--model-id", str(tmp_path), "--server", "a:",
             "--server-cmd", server_cmd, "--source", "synthetic", "--queries", "2", "--startup-timeout", "3600",
             "--no-progress", "--out", str(tmp_path / "out")]
-    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # A Ctrl-C at a terminal reaches a process whose SIGINT is the default. A run started in the
+    # background of a non-interactive shell (`cmd &`) inherits SIGINT ignored, and Python then
+    # installs no KeyboardInterrupt handler: compare would rightly ignore the signal. The child
+    # gets the terminal's disposition whatever this run inherited.
+    proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            preexec_fn=_default_sigint)
     server_pid = None
     try:
         server_pid = _wait_for(pid_file)
