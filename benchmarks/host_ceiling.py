@@ -20,11 +20,12 @@ CPU-seconds per 1M input tokens, whole and per thread (``loop``: the event loop,
 the tokenization pool, ``prep``, ``worker``, ``settle``; ``native``: threads Python did not start,
 such as the tokenizers' and torch's own, which run without the GIL; ``other``: the rest, threads
 that ended included), and the worker thread's CPU time per batch outside the forward (a small
-batch at an idle pipeline runs on the prep thread instead: ``worker batches`` counts the others). Per-thread CPU time is read in the
-server process through an opt-in hook (``--serve-child``, answering "stats" on stdin: the server
-side, benchmarks/host_child.py) from each thread's CPU clock (``time.pthread_getcpuclockid``). Last, each setting against the first of its
-load, round by round (the two ran one right after the other, so a slow spell of the machine
-mostly cancels in their ratio), with the median. With ``--checkout NAME=DIR`` (repeatable) every
+batch at an idle pipeline runs on the prep thread instead: ``worker batches`` counts the others).
+Per-thread CPU time is read in the server process through an opt-in hook (``--serve-child``,
+answering "stats" on stdin: the server side, benchmarks/host_child.py) from each thread's CPU
+clock (``time.pthread_getcpuclockid``). Last, each setting against the first of its load, round
+by round (the two ran one right after the other, so a slow spell of the machine mostly cancels
+in their ratio), with the median. With ``--checkout NAME=DIR`` (repeatable) every
 setting runs once per checkout, each server started from that directory (its own code, the same
 Python and fixtures), so two commits are compared side by side; the child hook it needs is in every
 checkout that has this file. With front-end processes (``--api-servers``
@@ -62,8 +63,6 @@ LOADS = {
     "one-input": Load("tiny-embedding", "embed-query", queries_per_s=2000),
 }
 
-
-# ---- the server side (the child process) -------------------------------------------------------
 
 # ---- the load side (this process) --------------------------------------------------------------
 

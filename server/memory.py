@@ -3,15 +3,15 @@
 The limit is the smallest of ``--memory-limit``, the cgroup's (v2 ``memory.max``, v1
 ``memory.limit_in_bytes``) and the address-space limit (``RLIMIT_AS``, ``ulimit -v``). What the
 process already uses when serving starts (the model, the threads, the caches: ``baseline``) and
-a headroom (a quarter of what is left, at least 64 MiB and a batch's activations and allocator slack)
-are kept out; the rest is the requests' budget. On a CPU the headroom is at least one full batch's
-activations (``activation_bytes``, from the model's widths and ``--max-batch-tokens``) plus the
-allocator's slack, since the forward's tensors live in this process's memory. Every request reserves its estimated bytes before
-any work on it, from its body alone (``text_token_bound``: a byte-level BPE token covers at least
-one byte, so the UTF-8 bytes bound the tokens; each input at most the input limit), shrinks the
-reservation to the exact estimate once tokenized, before it is queued (``estimate``: its tokens,
-as the tokenizer's encodings, id lists and scheduler rows, at the route's measured bytes per
-token, and its answer's floats, as arrays and JSON text), and gives them back on every path out:
+a headroom (``headroom``: a quarter of what is left, at least 64 MiB, and on a CPU, where the
+forward's tensors live in this process, at least one full batch's activations from the model's
+widths and ``--max-batch-tokens`` plus the allocator's slack) are kept out; the rest is the
+requests' budget. Every request reserves its estimated bytes before any work on it, from its
+body alone (``text_token_bound``: a byte-level BPE token covers at least one byte, so the UTF-8
+bytes bound the tokens; each input at most the input limit), shrinks the reservation to the exact
+estimate once tokenized, before it is queued (``estimate``: its tokens, as the tokenizer's
+encodings, id lists and scheduler rows, at the route's measured bytes per token, and its answer's
+floats, as arrays and JSON text), and gives them back on every path out:
 - an estimate over the whole budget can never fit: 413 naming the limit and what the request
   holds;
 - an estimate over what is left now (other requests hold the rest): 429, retry later.
