@@ -25,7 +25,7 @@ from scheduler.metrics import Metrics
 from server.config import ServerConfig
 from server.http.docs import install_docs
 from server.http.errors import install_handlers
-from server.http.express import ExpressLane, express_routes
+from server.http.express import ExpressLane
 from server.http.front_door import FrontDoor
 from server.http.lifecycle import DrainGate, Lifecycle
 from server.http.openapi import HeadAsGet, install_openapi
@@ -170,10 +170,8 @@ def lifespan_of(config: ServerConfig, service: Service, lifecycle: Lifecycle, *,
 def add_middleware(app: FastAPI, config: ServerConfig, lifecycle: Lifecycle, *,
                    on_error: Callable[[str], None]) -> None:
     """Innermost first: the express lane, the front door, the drain gate, HEAD as GET, then CORS
-    (outermost). Call it after every route and exception handler is in place: the lane's table
-    is built from them here."""
-    app.add_middleware(ExpressLane, routes=express_routes(app.router.routes),
-                       exception_handlers=dict(app.exception_handlers))
+    (outermost). The lane reads the app's routes and exception handlers when it serves."""
+    app.add_middleware(ExpressLane, routes=app.router.routes, exception_handlers=app.exception_handlers)
     app.add_middleware(
         FrontDoor, payload_limit=config.payload_limit, api_key=config.api_key, on_error=on_error,
         body_timeout_s=config.body_read_timeout, compute_tokens_header=config.compute_tokens_header,

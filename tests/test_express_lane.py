@@ -52,6 +52,16 @@ CASES = [
 ]
 
 
+class Bypass:
+    """The lane's place in the middleware, passing every request on."""
+
+    def __init__(self, app, **_) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        await self.app(scope, receive, send)
+
+
 @pytest.fixture(scope="module")
 def pair(tiny_embedding_dir):
     # NOTE: a runner each: they hold prefix caches, which the same requests fill alike
@@ -61,12 +71,12 @@ def pair(tiny_embedding_dir):
         return ServerConfig(model_id=str(tiny_embedding_dir), api_key="k3y", served_model_name="tiny")
 
     with_lane = create_app(config(), runner=runners[0])
-    real = server.app.express_routes
-    server.app.express_routes = lambda routes: {}  # type: ignore[assignment]
+    real = server.app.ExpressLane
+    server.app.ExpressLane = Bypass  # type: ignore[assignment,misc]
     try:
         without = create_app(config(), runner=runners[1])
     finally:
-        server.app.express_routes = real  # type: ignore[assignment]
+        server.app.ExpressLane = real  # type: ignore[assignment,misc]
     with ServerThread(with_lane) as a, ServerThread(without) as b:
         yield a, b
 
@@ -134,3 +144,25 @@ def test_the_table_keeps_the_routers_first_match():
     assert table[("POST", "/a")] is first.routes[1]
     assert table[("POST", "/items/special")] is second.routes[0]
     assert not eligible(first.routes[0]) and not eligible(second.routes[2]) and not eligible(second.routes[3])
+
+
+def test_a_route_inserted_after_the_first_request_is_served():
+    """As a front end's /metrics: a route put first after the app was made answers its path."""
+    from starlette.testclient import TestClient
+
+    from server.http.express import ExpressLane
+
+    async def old(request: Request) -> Response:
+        return Response(b"old")
+
+    async def new(request: Request) -> Response:
+        return Response(b"new")
+
+    app = FastAPI()
+    app.add_api_route("/a", old, methods=["POST"])
+    app.add_middleware(ExpressLane, routes=app.router.routes, exception_handlers=app.exception_handlers)
+    with TestClient(app) as client:
+        assert client.post("/a").content == b"old"
+        app.add_api_route("/a", new, methods=["POST"])
+        app.router.routes.insert(0, app.router.routes.pop())
+        assert client.post("/a").content == b"new"

@@ -97,23 +97,40 @@ def _takes(route: BaseRoute, method: str, path: str) -> bool:
 
 
 class ExpressLane:
-    """ASGI middleware: a request whose (method, path) is in ``routes`` goes straight to its
-    endpoint, under the app's exception handlers; any other request goes on to ``app``."""
+    """ASGI middleware: a request whose (method, path) is in the table goes straight to its
+    endpoint, under the app's exception handlers; any other request goes on to ``app``.
 
-    def __init__(self, app, *, routes: Mapping[tuple[str, str], BaseRoute],
-                 exception_handlers: Mapping[Any, Any]) -> None:
+    ``routes``: the app's live route list (``app.router.routes``); the table is built from it at
+    the first request, as Starlette builds its middleware stack, and again whenever the list's
+    entries change (a route inserted after the app was made, as a front end's /metrics is).
+    ``exception_handlers``: the app's live mapping, read at the same moments.
+    """
+
+    def __init__(self, app, *, routes: list[BaseRoute], exception_handlers: Mapping[Any, Any]) -> None:
         self.app = app
-        self.routes = dict(routes)
+        self.source = routes
+        self.exception_handlers = exception_handlers
+        self.seen: tuple[int, ...] | None = None
+        self.routes: dict[tuple[str, str], BaseRoute] = {}
+        self.guarded = ExceptionMiddleware(self._serve)
+
+    def _refresh(self) -> None:
+        seen = tuple(map(id, self.source))
+        if seen == self.seen:
+            return
+        self.routes = express_routes(self.source)
         # as Starlette splits them: Exception/500 belong to the server-error middleware outside
-        handlers = {k: v for k, v in exception_handlers.items() if k not in (500, Exception)}
+        handlers = {k: v for k, v in self.exception_handlers.items() if k not in (500, Exception)}
         self.guarded = ExceptionMiddleware(self._serve, handlers=handlers)
+        self.seen = seen
 
     async def __call__(self, scope, receive, send) -> None:
-        # NOTE: with FastAPI's own telemetry on, the router records the route it selects: leave it to it
-        if (scope["type"] == "http" and (scope["method"], route_path(scope)) in self.routes
-                and scope.get("fastapi.telemetry") is None):
-            await self.guarded(scope, receive, send)
-            return
+        if scope["type"] == "http":
+            self._refresh()
+            # NOTE: with FastAPI's own telemetry on, the router records the route it selects: leave it to it
+            if (scope["method"], route_path(scope)) in self.routes and scope.get("fastapi.telemetry") is None:
+                await self.guarded(scope, receive, send)
+                return
         await self.app(scope, receive, send)
 
     async def _serve(self, scope, receive, send) -> None:

@@ -12,18 +12,16 @@ from __future__ import annotations
 import uuid
 from enum import Enum
 
-import orjson
-
 from fastapi import APIRouter, Request, Response
 
 from server.http.bodies import openapi_body, parse_body
-from server.http.errors import ApiError
 from server.schemas.cohere import CohereRerankRequest, CohereRerankResponse
 from server.schemas.cohere import CohereEmbedRequest, CohereEmbedResponse, CohereV2RerankRequest, CohereV2RerankResponse
 from server.service.core import Call, Service
-from server.service.encoding import RECORD_VALUES, base64_rows, dumps, float_array, json_answer, render
+from server.service.encoding import RECORD_VALUES, dumps, json_answer, render
 from server.service.cohere_embed import answer_cohere_embed, cohere_meta
 from server.service.results import Usage, ranked
+
 
 class CohereRoutes:
     """The Cohere/Jina handlers of one app, bound to its service and the served model name."""

@@ -66,7 +66,10 @@ class TokenStates:
 
 def shape_vectors(pooled: Sequence, *, dimensions: int | None, normalize: bool) -> np.ndarray:
     """[B, E] pooled states -> [B, d]: truncate to ``dimensions`` first, then L2-normalize."""
-    emb = np.stack([np.asarray(v, dtype=np.float32) for v in pooled])  # [B, E]
+    if len(pooled) == 1:  # a lone input (the common query): no stack
+        emb = np.asarray(pooled[0], dtype=np.float32)[None]  # [1, E]
+    else:
+        emb = np.stack([np.asarray(v, dtype=np.float32) for v in pooled])  # [B, E]
     if normalize:
         return l2_normalize(emb, dimensions)
     return emb[:, :dimensions]
@@ -80,7 +83,8 @@ def l2_normalize(emb: np.ndarray, dimensions: int | None = None) -> np.ndarray:
             raise ValueError(f"dimensions must be in 1..{emb.shape[-1]}, got {dimensions}")
         emb = emb[..., :dimensions]
     emb = np.asarray(emb, dtype=np.float32)
-    norm = np.linalg.norm(emb, axis=-1, keepdims=True)
+    # NOTE: what np.linalg.norm(emb, axis=-1) computes (in float32), without its generic dispatch
+    norm = np.sqrt(np.add.reduce(emb * emb, axis=-1, keepdims=True))  # [B, 1]
     return emb / np.maximum(norm, 1e-12)
 
 
