@@ -33,7 +33,7 @@ class CohereRoutes:
 
     async def embed(self, request: Request, *, version: str) -> Response:
         call = self.service.begin(f"cohere_embed_v{version}")
-        self.service.require("embedding", request.url.path)
+        self.service.require("embedding", request.scope["path"])
         body = await parse_body(request, CohereEmbedRequest, max_items=self.max_items)
         return await answer_cohere_embed(self.service, request, body, call, version=version)
 

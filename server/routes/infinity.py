@@ -62,7 +62,7 @@ class InfinityRoutes:
         """Infinity rerank: query + documents -> {object, results[{relevance_score, index, document?}], ...}."""
         service = self.service
         call = service.begin("infinity_rerank")
-        service.require("reranker", request.url.path)
+        service.require("reranker", request.scope["path"])
         body = await parse_body(request, InfinityRerankRequest, max_items=self.max_items)
         service.check_model(body.model)
         texts = [d if isinstance(d, str) else d.text for d in body.documents]

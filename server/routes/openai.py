@@ -48,7 +48,7 @@ class OpenAIRoutes:
         """OpenAI embeddings: input str | [str] | [int] | [[int]] -> list object."""
         service = self.service
         call = service.begin("openai_embeddings")
-        service.require("embedding", request.url.path)
+        service.require("embedding", request.scope["path"])
         body = await parse_body(request, OpenAIEmbeddingRequest, max_items=service.limits.max_client_batch_size)
         service.check_model(body.model)
         raw = as_list(body.input)

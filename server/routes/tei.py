@@ -246,7 +246,7 @@ class TeiRoutes:
             return await self.predict(request)
         if self.service.runner.kind == "reranker":
             return await self.answer_any_rerank(request, self.service.begin("rerank"), pick=root_rerank_body)
-        self.service.require("embedding", request.url.path)  # a reward model: 400 naming /pooling
+        self.service.require("embedding", request.scope["path"])  # a reward model: 400 naming /pooling
         start = time.perf_counter()
         parsed: EmbedRequest | SimilarityRequest | CohereEmbedRequest | None = None
         try:
@@ -301,7 +301,7 @@ class TeiRoutes:
 
     async def not_served(self, request: Request) -> Response:
         """TEI's routes for model kinds this server does not run: a 400 that names the route to use."""
-        path = request.url.path
+        path = request.scope["path"]
         what = UNSERVED[path]
         raise ApiError(
             "wrong_model",

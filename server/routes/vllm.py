@@ -90,7 +90,7 @@ class VllmRoutes:
     async def score(self, request: Request) -> Response:
         service = self.service
         call = service.begin("score")
-        service.require("reranker", request.url.path)
+        service.require("reranker", request.scope["path"])
         body = await parse_body(request, ScoreRequest, max_items=self.max_items)
         service.check_model(body.model)
         left, right = _texts(body.text_1), _texts(body.text_2)

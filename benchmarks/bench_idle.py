@@ -1,0 +1,83 @@
+"""What an idle gap costs the next piece of work on this machine: a fixed unit of work timed back
+to back ("hot") and after sleeping ("after idle"), in blocks taking turns.
+
+    python -m benchmarks.bench_idle [--preset tiny-embedding] [--gaps 0,0.2,2,20] [--repeats 300]
+
+Two units: a pure-Python loop (no memory to speak of: what it shows is the CPU's own pace after
+a sleep, not a cache refilled), and the one-input request's model work (``runner.prepare`` and
+``runner.run`` of the instructed query of benchmarks/bench_front.py, prefix cache off). A
+latency benchmark sends one request at a time, so every stage of a lone request runs "after
+idle"; a throughput benchmark runs hot. Prints p50 and p90 of the wall time per gap, and each
+p50 over the hot one. Nothing is asserted.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+
+def python_unit() -> int:
+    x = 0
+    for i in range(2000):
+        x += i * i
+    return x
+
+
+def model_unit(preset: str):
+    import torch
+
+    import fixtures
+    import models
+    from benchmarks.bench_front import ONE_INPUT
+
+    runner = models.load_runner(str(fixtures.cached(preset)), device="cpu", prefix_cache_size=0)
+    ids = runner.tokenizer.encode(ONE_INPUT).ids
+    cu = torch.tensor([0, len(ids)])
+
+    def unit():
+        return runner.run(runner.prepare(torch.tensor(ids), cu))
+
+    return unit
+
+
+def measure(unit, gaps_ms: list[float], repeats: int, rounds: int = 5) -> dict[float, list[float]]:
+    """Wall seconds of ``unit()`` after each gap. Each gap runs as a block of ``repeats / rounds``
+    units (a CPU's pace after waking changes over milliseconds, so gaps must not interleave unit
+    by unit), the blocks taking turns round by round."""
+    times: dict[float, list[float]] = {g: [] for g in gaps_ms}
+    per_block = max(1, repeats // rounds)
+    for _ in range(rounds):
+        for gap in gaps_ms:
+            for _ in range(30):
+                unit()  # each block starts hot
+            for _ in range(per_block):
+                if gap:
+                    time.sleep(gap / 1e3)
+                t0 = time.perf_counter()
+                unit()
+                times[gap].append(time.perf_counter() - t0)
+    return times
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="tiny-embedding")
+    ap.add_argument("--gaps", default="0,0.2,2,20", help="idle gaps in ms before each timed unit (0: none)")
+    ap.add_argument("--repeats", type=int, default=300)
+    args = ap.parse_args(argv)
+    gaps = [float(g) for g in args.gaps.split(",")]
+    print("| unit | idle gap before it, ms | p50 us | p90 us | p50 / hot p50 |")
+    print("|---|---|---|---|---|")
+    for name, unit in (("pure-Python loop", python_unit), ("one-input prepare + run", model_unit(args.preset))):
+        times = measure(unit, gaps, args.repeats)
+        hot = statistics.median(times[gaps[0]])
+        for gap in gaps:
+            xs = sorted(times[gap])
+            p50, p90 = statistics.median(xs), xs[int(0.9 * (len(xs) - 1))]
+            print(f"| {name} | {gap:g} | {p50 * 1e6:.0f} | {p90 * 1e6:.0f} | {p50 / hot:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
