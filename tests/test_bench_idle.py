@@ -1,0 +1,18 @@
+"""benchmarks/bench_idle.py runs and its table is what it says: every gap of each unit measured
+as often as asked, in blocks, and each p50 over the first gap's (times are never asserted)."""
+from __future__ import annotations
+
+from benchmarks import bench_idle
+
+
+def test_each_gap_gets_its_units_and_the_first_is_the_reference(capsys, tiny_embedding_dir):
+    calls: list[int] = []
+    times = bench_idle.measure(lambda: calls.append(1), [0.0, 0.5], repeats=10, rounds=2)
+    assert {g: len(t) for g, t in times.items()} == {0.0: 10, 0.5: 10}
+    assert len(calls) == 2 * 2 * (30 + 5)  # rounds x gaps x (warm-up + block)
+    assert bench_idle.main(["--gaps", "0,1", "--repeats", "4"]) == 0
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [(r[0].strip(), r[1].strip()) for r in rows] == [
+        ("pure-Python loop", "0"), ("pure-Python loop", "1"),
+        ("one-input prepare + run", "0"), ("one-input prepare + run", "1")]
+    assert rows[0][4].strip() == rows[2][4].strip() == "1.00"
