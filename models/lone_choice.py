@@ -8,8 +8,11 @@ reads partial blocks, so no input length is too short to hit). So the runner mea
 such a batch (one sequence of at most ``LONE_TOKENS`` tokens, a CPU runner, the cache usable) it
 keeps a moving average of the whole cost, ``prepare`` plus ``run`` (wall time: the forward runs on
 torch's threads), with the cache and without, takes the cheaper, and gives the other path one
-batch in ``TRY_EVERY`` so that a change (the cache turning hot, another load) is seen. A path
-not yet measured is tried first, the cache's first.
+batch in ``TRY_EVERY`` so that a change (the cache turning hot, another load) is seen. A trial
+costs its batch the difference (about a millisecond on a CPU), so trials are rare enough to stay
+out of the 99th percentile (under 0.5% of lone batches), and each one weighs ``TRIAL_WEIGHT`` in
+its path's average so that one or two trials suffice to follow a change. A path not yet measured
+is tried first, the cache's first.
 
 Invariant: both paths compute the same answer (the cache is exact); the choice moves cost only.
 A skipped batch neither reads nor writes the cache. Batches of two or more sequences, longer
@@ -21,8 +24,9 @@ from __future__ import annotations
 import threading
 
 LONE_TOKENS = 32  # two cache blocks: a short query with its instruction
-TRY_EVERY = 32  # one lone batch in this many takes the path not chosen
-WEIGHT = 0.125  # the moving average's weight of the newest measure
+TRY_EVERY = 256  # one lone batch in this many takes the path not chosen
+WEIGHT = 0.125  # the moving average's weight of the newest measure on the chosen path
+TRIAL_WEIGHT = 0.5  # ... and of a trial's measure (the path not chosen)
 
 
 class LoneCacheChoice:
@@ -53,8 +57,9 @@ class LoneCacheChoice:
     def record(self, cached: bool, seconds: float) -> None:
         """One lone batch's prepare + run, on the path it took."""
         with self._lock:
-            old = self.cost[cached]
-            self.cost[cached] = seconds if old is None else old + WEIGHT * (seconds - old)
+            old, other = self.cost[cached], self.cost[not cached]
+            trial = old is not None and other is not None and old > other  # the path not chosen
+            self.cost[cached] = seconds if old is None else old + (TRIAL_WEIGHT if trial else WEIGHT) * (seconds - old)
 
     def describe(self) -> dict:
         """The figures (tests, benchmarks): ms per batch by path, and the lone batches seen."""

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from models.lone_choice import LONE_TOKENS, TRY_EVERY, LoneCacheChoice
+from models.lone_choice import LONE_TOKENS, TRIAL_WEIGHT, TRY_EVERY, LoneCacheChoice
 from models.runner import load_runner
 
 TOL = 1e-4
@@ -43,6 +43,17 @@ def test_the_moving_average_weighs_the_newest_measure_by_an_eighth():
     choice.record(False, 0.008)
     choice.record(False, 0.016)
     assert choice.cost[False] == pytest.approx(0.008 + (0.016 - 0.008) / 8)
+
+
+def test_a_trial_weighs_a_half_and_trials_stay_out_of_the_99th_percentile():
+    choice = LoneCacheChoice()
+    choice.record(True, 0.001)
+    choice.record(False, 0.003)  # the cache is the chosen path
+    choice.record(False, 0.001)  # a trial of the other one
+    assert choice.cost[False] == pytest.approx(0.003 + (0.001 - 0.003) * TRIAL_WEIGHT)
+    choice.record(True, 0.009)  # the chosen path: an eighth
+    assert choice.cost[True] == pytest.approx(0.001 + (0.009 - 0.001) / 8)
+    assert 1 / TRY_EVERY < 0.005
 
 
 def test_applies_to_one_sequence_of_at_most_lone_tokens():
