@@ -12,6 +12,8 @@ import re
 import socket
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from server.http.connections import framing_problem
 from tests.serving import ServerThread, cached_runner, http_stacks
@@ -120,3 +122,19 @@ def test_smuggled_request_is_not_served(server):
 def test_framing_problem(head, problem):
     found = framing_problem(head)
     assert (found is None) if problem is None else (found is not None and problem in found), found
+
+
+_NAMES = st.sampled_from([b"host", b"content-length", b"Content-Length", b"transfer-encoding", b"Transfer-Encoding",
+                          b"x-a", b" content-length", b"\tx", b"content-length:x", b"a\nb", b"", b"accept"])
+_VALUES = st.sampled_from([b"12", b" 12 ", b"1,2", b"", b"12\n", b"chunked", b"gzip, chunked", b"x\ny", b"1\t2",
+                           b"application/json", b"-1", b"\t7"])
+
+
+@settings(max_examples=400, deadline=None)
+@given(headers=st.lists(st.tuples(_NAMES, _VALUES), max_size=5), version=st.sampled_from(["1.1", "1.0"]))
+def test_the_scope_check_answers_as_the_rebuilt_head(headers, version):
+    """The one-pass check of an ASGI scope gives ``framing_problem``'s answer on the rebuilt head."""
+    from server.http.connections import _rebuilt_problem, scope_framing_problem
+
+    scope = {"http_version": version, "headers": headers}
+    assert scope_framing_problem(scope) == _rebuilt_problem(scope)

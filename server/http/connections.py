@@ -350,9 +350,31 @@ def framing_problem(head: bytes, *, need_host: bool = True) -> str | None:
     return None
 
 
+FRAMING_NAMES = frozenset({b"content-length", b"transfer-encoding"})
+
+
 def scope_framing_problem(scope) -> str | None:
     """``framing_problem`` of an ASGI request's parsed head (its version and header lines), Host
-    aside: in-process callers (server/batch/inprocess.py) send HTTP/1.1 scopes without one."""
+    aside: in-process callers (server/batch/inprocess.py) send HTTP/1.1 scopes without one.
+
+    The common head settles in one pass: no Transfer-Encoding, at most one Content-Length of
+    digits alone, and no name or value a rebuilt head would read differently (a line break, a
+    folded line, a colon in a name); any other head is rebuilt and judged whole (the same
+    answer: ``tests/test_http_framing.py``).
+    """
+    lengths = 0
+    for k, v in scope.get("headers", ()):
+        if k[:1] in (b" ", b"\t") or b"\n" in k or b":" in k or b"\n" in v:
+            return _rebuilt_problem(scope)
+        name = k.lower()
+        if name in FRAMING_NAMES:
+            lengths += 1
+            if lengths > 1 or name != b"content-length" or not bytes(v).strip(b" \t").isdigit():
+                return _rebuilt_problem(scope)
+    return None
+
+
+def _rebuilt_problem(scope) -> str | None:
     version = str(scope.get("http_version", "1.1")).encode("ascii", "replace")
     lines = [b"X / HTTP/" + version] + [bytes(k) + b": " + bytes(v) for k, v in scope.get("headers", ())]
     return framing_problem(b"\r\n".join([*lines, b"", b""]), need_host=False)
