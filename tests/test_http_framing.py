@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from server.http.connections import framing_problem
+from server.http.framing import framing_problem
 from tests.serving import ServerThread, cached_runner, http_stacks
 
 BODY = b'{"inputs":"a"}'  # 14 bytes: 0xe
@@ -134,7 +134,7 @@ _VALUES = st.sampled_from([b"12", b" 12 ", b"1,2", b"", b"12\n", b"chunked", b"g
 @given(headers=st.lists(st.tuples(_NAMES, _VALUES), max_size=5), version=st.sampled_from(["1.1", "1.0"]))
 def test_the_scope_check_answers_as_the_rebuilt_head(headers, version):
     """The one-pass check of an ASGI scope gives ``framing_problem``'s answer on the rebuilt head."""
-    from server.http.connections import _rebuilt_problem, scope_framing_problem
+    from server.http.framing import _rebuilt_problem, scope_framing_problem
 
     scope = {"http_version": version, "headers": headers}
     assert scope_framing_problem(scope) == _rebuilt_problem(scope)

@@ -29,7 +29,7 @@ a new request-cycle object exactly when a request head is complete, so one mixin
   that is not a decimal number, an obs-folded header line, a line ended by a bare LF, an empty
   line before the request line, and an HTTP/1.1 request without exactly one Host. Heads
   pipelined behind a request in work reach the parser unchecked; FrontDoor
-  (server/http/front_door.py) checks their headers again.
+  (server/http/front_door.py) checks their headers again. The rules: server/http/framing.py.
 
 Invariant: a connection is in ``Connections.idle`` iff its head timer is armed; its head counts
 (``_head_bytes``, ``_line_bytes``) are those of the head being received while the timer is armed.
@@ -49,6 +49,7 @@ from typing import Any
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from server.http.errors import error_body, error_bytes
+from server.http.framing import framing_problem
 
 log = logging.getLogger("radixserve.server")
 
@@ -299,85 +300,6 @@ class HeadTimeout:
         log.info("closing a connection from %s: no complete request head within %.1f s",
                  self.client, self.header_timeout_s)
         self.transport.close()
-
-
-def framing_problem(head: bytes, *, need_host: bool = True) -> str | None:
-    """Why a whole request head (up to its blank line) frames its request ambiguously, or None.
-
-    Refused: a line ended by a bare LF; an empty line before the request line; an obs-folded
-    line; Content-Length with Transfer-Encoding;
-    a Transfer-Encoding other than a single ``chunked`` (every Transfer-Encoding line counts);
-    a Content-Length repeated or not a decimal number; an HTTP/1.1 request without exactly one
-    Host (``need_host``). Anything else malformed is left to the parser (it answers 400 on both
-    stacks).
-    """
-    lines = head.split(b"\n")[:-1]  # the head ends with LF: the last piece is empty
-    if any(not line.endswith(b"\r") for line in lines):
-        return "a request-head line ends with a bare LF: end every line with CRLF"
-    lines = [line[:-1] for line in lines]
-    if lines and not lines[0]:
-        # NOTE: RFC 9112 section 2.2 lets a server skip them; h11 refuses them, so both do
-        return "an empty line before the request line: start with the request line"
-    if not lines:
-        return None
-    request_line, fields = lines[0], lines[1:-1]
-    lengths: list[bytes] = []
-    codings: list[bytes] = []
-    hosts = 0
-    for line in fields:
-        if line[:1] in (b" ", b"\t"):
-            return "an obs-folded header line (starting with whitespace): send each header on one line"
-        name, colon, value = line.partition(b":")
-        if not colon:
-            return None  # not a header line: the parser's 400
-        name = name.lower()
-        if name == b"content-length":
-            lengths += value.split(b",")
-        elif name == b"transfer-encoding":
-            codings += [c.strip().lower() for c in value.split(b",")]
-        elif name == b"host":
-            hosts += 1
-    if codings and lengths:
-        return "both Content-Length and Transfer-Encoding: send one of them"
-    if codings and codings != [b"chunked"]:
-        return "unsupported Transfer-Encoding: send the body with Content-Length or Transfer-Encoding: chunked alone"
-    if len(lengths) > 1:
-        return "more than one Content-Length: send one"
-    if lengths and not lengths[0].strip(b" \t").isdigit():
-        return "invalid Content-Length: send the body's size in bytes as a decimal number"
-    if need_host and request_line.rstrip().endswith(b" HTTP/1.1") and hosts != 1:
-        return "an HTTP/1.1 request needs exactly one Host header"
-    return None
-
-
-FRAMING_NAMES = frozenset({b"content-length", b"transfer-encoding"})
-
-
-def scope_framing_problem(scope) -> str | None:
-    """``framing_problem`` of an ASGI request's parsed head (its version and header lines), Host
-    aside: in-process callers (server/batch/inprocess.py) send HTTP/1.1 scopes without one.
-
-    The common head settles in one pass: no Transfer-Encoding, at most one Content-Length of
-    digits alone, and no name or value a rebuilt head would read differently (a line break, a
-    folded line, a colon in a name); any other head is rebuilt and judged whole (the same
-    answer: ``tests/test_http_framing.py``).
-    """
-    lengths = 0
-    for k, v in scope.get("headers", ()):
-        if k[:1] in (b" ", b"\t") or b"\n" in k or b":" in k or b"\n" in v:
-            return _rebuilt_problem(scope)
-        name = k.lower()
-        if name in FRAMING_NAMES:
-            lengths += 1
-            if lengths > 1 or name != b"content-length" or not bytes(v).strip(b" \t").isdigit():
-                return _rebuilt_problem(scope)
-    return None
-
-
-def _rebuilt_problem(scope) -> str | None:
-    version = str(scope.get("http_version", "1.1")).encode("ascii", "replace")
-    lines = [b"X / HTTP/" + version] + [bytes(k) + b": " + bytes(v) for k, v in scope.get("headers", ())]
-    return framing_problem(b"\r\n".join([*lines, b"", b""]), need_host=False)
 
 
 class HeadTimeoutH11(HeadTimeout, H11Protocol):

@@ -24,7 +24,7 @@ import sys
 
 from scheduler import stages
 from server.http import request_id
-from server.http.connections import scope_framing_problem
+from server.http.framing import scope_framing_problem
 from server.http.errors import error_body, send_error
 
 OPEN_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})  # OPTIONS: CORS preflights carry no credentials
