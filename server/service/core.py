@@ -81,15 +81,26 @@ class Service:
         self.metrics = metrics
         self.limits = limits
         self.permits = permits
+        self._by_method: dict[str, tuple[Any, Any]] = {}
         self.tok = Tokenization(
             runner, max_input_length=limits.max_input_length, metrics=metrics, workers=tokenization_workers,
             max_display_tokens=limits.max_display_tokens, max_pair_tokens=limits.max_rerank_pair_tokens,
         )
 
     # -- checks ---------------------------------------------------------------------------------
+    def _counters(self, method: str) -> tuple[Any, Any]:
+        """``method``'s request and success counters (a labelled child is looked up under a lock:
+        kept per method, as the methods are the routes' fixed names)."""
+        kids = self._by_method.get(method)
+        if kids is None:
+            m = self.metrics
+            kids = self._by_method[method] = (m.request_count.labels(method=method),
+                                              m.request_success.labels(method=method))
+        return kids
+
     def begin(self, method: str, *, start: float | None = None) -> Call:
         """Count a request of ``method``; its clock starts now unless ``start`` says when it did."""
-        self.metrics.request_count.labels(method=method).inc()
+        self._counters(method)[0].inc()
         return Call(method, time.perf_counter() if start is None else start)
 
     def require(self, kind: str, route: str) -> None:
@@ -291,7 +302,7 @@ class Service:
         m.request_duration.observe(total)
         m.queue_duration.observe(result.queue_time_s)
         m.inference_duration.observe(result.inference_time_s)
-        m.request_success.labels(method=call.method).inc()
+        self._counters(call.method)[1].inc()
         usage = Usage(tokens=tokens, queue_s=result.queue_time_s,
                       inference_s=result.inference_time_s, total_s=total, compute_tokens=int(result.compute_tokens))
         return list(result.outputs), usage
