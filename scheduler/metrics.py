@@ -50,6 +50,8 @@ class Metrics:
             "te_radix_mlp_compression_ratio", "Compact/original tokens (N'/N) per batch", buckets=_RATIO, registry=r
         )
         self.tokens_total = Counter("radixserve_tokens", "Tokens per kind", ["kind"], registry=r)
+        # the two kinds' children, counted on every batch (labels() looks one up under a lock)
+        self.tokens_original, self.tokens_compact = (self.tokens_total.labels(kind=k) for k in ("original", "compact"))
         self.batch_prep_duration = Histogram(
             "radixserve_batch_prep_duration", "CPU batch preparation time (s)", buckets=_LATENCY, registry=r
         )

@@ -244,8 +244,8 @@ class Pipeline:
                 m.batch_next_size.observe(len(batch.entries))
                 m.batch_next_tokens.observe(p.n_tokens)
                 m.compression_ratio.observe(p.ratio)
-                m.tokens_total.labels(kind="original").inc(p.n_tokens)
-                m.tokens_total.labels(kind="compact").inc(p.n_compact)
+                m.tokens_original.inc(p.n_tokens)
+                m.tokens_compact.inc(p.n_compact)
                 m.batch_prep_duration.observe(time.monotonic() - batch.prep_start)
         except Exception as exc:  # noqa: BLE001 - fails this batch only
             self._fail(batch, "prepare", exc)
