@@ -1,7 +1,7 @@
 """The express lane (server/http/express.py) answers exactly as FastAPI's router would.
 
-Two servers on one runner, one with the lane and one with an empty lane table (every request
-through the router), get the same battery of requests: valid ones, each kind of refusal the front
+Two servers on the same checkpoint (a runner each: their prefix caches fill alike), one with the
+lane and one whose lane passes every request on to the router, get the same battery of requests: valid ones, each kind of refusal the front
 door and the routes give, HEAD, wrong methods and unknown paths. Status, body and headers must be
 equal (less the request id and the per-request timings). The table itself keeps the router's
 first-match order.
