@@ -114,34 +114,36 @@ class ExpressLane:
         self.exception_handlers = exception_handlers
         self.seen: tuple[int, ...] | None = None
         self.routes: dict[tuple[str, str], BaseRoute] = {}
-        self.guarded = ExceptionMiddleware(self._serve)
+        self.guarded: ExceptionMiddleware | None = None  # _serve under the handlers (_refresh)
 
-    def _refresh(self) -> None:
+    def _refresh(self) -> ExceptionMiddleware:
+        """The guarded endpoint caller, the table and the handlers rebuilt if the routes changed."""
         seen = tuple(map(id, self.source))
-        if seen == self.seen:
-            return
-        self.routes = express_routes(self.source)
-        # as Starlette splits them: Exception/500 belong to the server-error middleware outside
-        handlers = {k: v for k, v in self.exception_handlers.items() if k not in (500, Exception)}
-        self.guarded = ExceptionMiddleware(self._serve, handlers=handlers)
-        self.seen = seen
+        if seen != self.seen or self.guarded is None:
+            self.routes = express_routes(self.source)
+            # as Starlette splits them: Exception/500 belong to the server-error middleware outside
+            handlers = {k: v for k, v in self.exception_handlers.items() if k not in (500, Exception)}
+            self.guarded = ExceptionMiddleware(self._serve, handlers=handlers)
+            self.seen = seen
+        return self.guarded
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
-            self._refresh()
+            guarded = self._refresh()
+            route = self.routes.get((scope["method"], route_path(scope)))
             # NOTE: with FastAPI's own telemetry on, the router records the route it selects: leave it to it
-            if (scope["method"], route_path(scope)) in self.routes and scope.get("fastapi.telemetry") is None:
-                await self.guarded(scope, receive, send)
+            if route is not None and scope.get("fastapi.telemetry") is None:
+                scope["route"] = route  # as the router sets it; _serve reads it back
+                await guarded(scope, receive, send)
                 return
         await self.app(scope, receive, send)
 
     async def _serve(self, scope, receive, send) -> None:
-        route = self.routes[(scope["method"], route_path(scope))]
-        endpoint = route.endpoint  # type: ignore[attr-defined]
-        scope["route"] = route
+        route = scope["route"]
+        endpoint = route.endpoint
         scope["endpoint"] = endpoint
         scope["path_params"] = {}
-        if route.dependant.request_param_name:  # type: ignore[attr-defined]
+        if route.dependant.request_param_name:
             response = await endpoint(Request(scope, receive, send))
         else:
             response = await endpoint()
