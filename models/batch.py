@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from models.attention.varlen import AttnMeta, make_meta
+from models.lone_choice import Path as LonePath
 from models.streams import to_device
 from models.options import RADIX_ATTENTION
 from models.prefix_cache import CacheIO, CachePlan, PrefixCache, cache_refusal, plan_batch
@@ -232,6 +233,6 @@ class PreparedBatch:
     token_items: tuple[int, ...] = ()  # the all_tokens items, ascending: they answer [L, E] states
     token_rows: torch.Tensor | None = None  # [sum of their lengths] int64 model row of each of their tokens
     ready: torch.cuda.Event | None = None  # CUDA: recorded on the copy stream after this batch's copies
-    # a lone short batch under `Runner.lone_choice`: whether it took the cache, and prepare's seconds
-    lone_cached: bool | None = None
+    # a lone short batch under `Runner.lone_choice`: the path it took (cache, threads), prepare's seconds
+    lone: LonePath | None = None
     lone_prepare_s: float = 0.0

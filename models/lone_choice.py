@@ -1,71 +1,110 @@
-"""The prefix cache for a lone short input on a CPU: used when it measures cheaper, skipped otherwise.
+"""A lone short input on a CPU: the prefix cache or not, torch's threads or one, by measured cost.
 
-A retrieval query arrives alone: a batch of one sequence of a few tens of tokens. For it the prefix
-cache's plan (look-up, pins, the pool's row layout, the lease) is a fixed host cost of about a
-millisecond, and what a hit saves is the forward of the tokens it serves. Whether that pays
-depends on the model's per-token forward cost and on the hit, neither known in advance (the cache
-reads partial blocks, so no input length is too short to hit). So the runner measures it: for
-such a batch (one sequence of at most ``LONE_TOKENS`` tokens, a CPU runner, the cache usable) it
-keeps a moving average of the whole cost, ``prepare`` plus ``run`` (wall time: the forward runs on
-torch's threads), with the cache and without, takes the cheaper, and gives the other path one
-batch in ``TRY_EVERY`` so that a change (the cache turning hot, another load) is seen. A trial
-costs its batch the difference (about a millisecond on a CPU), so trials are rare enough to stay
-out of the 99th percentile (under 0.5% of lone batches), and each one weighs ``TRIAL_WEIGHT`` in
-its path's average so that one or two trials suffice to follow a change. A path not yet measured
-is tried first, the cache's first.
+A retrieval query arrives alone: a batch of one sequence of a few tens of tokens. Two things that
+pay for a large batch may not pay for it, and whether they do depends on the model, the machine
+and its load, none known in advance:
 
-Invariant: both paths compute the same answer (the cache is exact); the choice moves cost only.
-A skipped batch neither reads nor writes the cache. Batches of two or more sequences, longer
-inputs and CUDA runners (whose ``run`` only queues the forward, so its time is not the forward's)
-always use the cache when it is usable.
+- The prefix cache's plan (look-up, pins, the pool's row layout, the lease) is a fixed host cost of
+  about a millisecond; what a hit saves is the forward of the tokens it serves (the cache reads
+  partial blocks, so no input length is too short to hit).
+- Torch's intra-op threads: every parallel region of the forward waits for all of them. For a
+  batch this small the regions are many and short, so when another process holds a core, one
+  descheduled thread stalls each region: on a 2-core box with one core busy, the tiny fixture's
+  forward took 22 ms on 2 threads and 0.6 ms on one. On a quiet box a larger model's forward runs
+  faster on all of them (the 2-layer Qwen3-0.6B shape: 11 ms on 2, 19 ms on 1).
+
+So the runner measures it: for such a batch (one sequence of at most ``LONE_TOKENS`` tokens, a
+CPU runner) it keeps, for each path (``LonePath``: cache or not where the cache is usable, the
+process's threads or one where it has more than one), a moving average of the whole cost,
+``prepare`` plus ``run`` (wall time), takes the cheapest, and gives another path one batch in
+``TRY_EVERY`` (the paths not chosen in turn) so that a change (the cache turning hot, a neighbour's
+load coming or going) is seen. A trial costs its batch the difference, so trials are rare enough
+to stay out of the 99th percentile (under 0.5% of lone batches), and each one weighs
+``TRIAL_WEIGHT`` in its path's average so that one or two trials suffice to follow a change. A
+path not yet measured is tried first, in ``paths`` order; its first batch is not recorded (it
+builds that path's kernels: oneDNN primitives for another thread count, the cache's first write).
+
+Invariant: every path computes the same answer to float rounding (the cache is exact; one
+thread's forward equals several's, ``tests/test_lone_choice.py``); the choice moves cost only. A batch without the cache neither reads
+nor writes it. Forwards never overlap (one worker, and a batch runs on the prep thread only while
+the worker holds none), so the runner may set torch's thread count around one forward. Batches of
+two or more sequences, longer inputs and CUDA runners (whose ``run`` only queues the forward, so
+its time is not the forward's) always take the cache when it is usable, on every thread.
 """
 from __future__ import annotations
 
 import threading
+from typing import NamedTuple
 
 LONE_TOKENS = 32  # two cache blocks: a short query with its instruction
-TRY_EVERY = 256  # one lone batch in this many takes the path not chosen
+TRY_EVERY = 256  # one lone batch in this many takes a path not chosen
 WEIGHT = 0.125  # the moving average's weight of the newest measure on the chosen path
-TRIAL_WEIGHT = 0.5  # ... and of a trial's measure (the path not chosen)
+TRIAL_WEIGHT = 0.5  # ... and of a trial's measure (a path not chosen)
 
 
-class LoneCacheChoice:
-    """Cache or not for a lone short batch, by the measured cost of each path."""
+class Path(NamedTuple):
+    """One way to run a lone short batch."""
+
+    cached: bool  # through the prefix cache
+    threads: int  # torch's intra-op threads for its forward
+
+
+def paths(cache_usable: bool, threads: int) -> tuple[Path, ...]:
+    """The candidates, in the order an unmeasured one is tried: the cache first, then all threads
+    first (the defaults of every other batch)."""
+    caches = (True, False) if cache_usable else (False,)
+    counts = (threads, 1) if threads > 1 else (threads,)
+    return tuple(Path(c, t) for c in caches for t in counts)
+
+
+class LoneChoice:
+    """The path of a lone short batch, by the measured cost of each."""
 
     def __init__(self) -> None:
-        self.cost: dict[bool, float | None] = {True: None, False: None}  # seconds per batch, by "cached"
+        self.cost: dict[Path, float] = {}  # seconds per batch, by path (measured ones only)
+        self.seen: set[Path] = set()  # paths whose first (unrecorded) batch has run
+        self.tried: dict[Path, int] = {}  # the lone batch count at each path's last trial
         self.count = 0
         self._lock = threading.Lock()  # prepare (prep thread) decides, run (worker or prep) records
 
     @staticmethod
     def applies(num_seqs: int, num_tokens: int) -> bool:
-        """Whether a batch of this size is the choice's (the caller checks the device and the cache)."""
+        """Whether a batch of this size is the choice's (the caller checks the device)."""
         return num_seqs == 1 and num_tokens <= LONE_TOKENS
 
-    def use_cache(self) -> bool:
-        """The path of the next lone short batch."""
+    def choose(self, candidates: tuple[Path, ...]) -> Path:
+        """The path of the next lone short batch, among ``candidates`` (from ``paths``)."""
         with self._lock:
             self.count += 1
-            cached, plain = self.cost[True], self.cost[False]
-            if cached is None:
-                return True
-            if plain is None:
-                return False
-            best = cached <= plain
-            return (not best) if self.count % TRY_EVERY == 0 else best
+            for path in candidates:
+                if path not in self.cost:
+                    return path
+            best = min(candidates, key=self.cost.__getitem__)
+            if self.count % TRY_EVERY or len(candidates) == 1:
+                return best
+            others = [p for p in candidates if p != best]
+            trial = min(others, key=lambda p: self.tried.get(p, -1))  # the one tried longest ago
+            self.tried[trial] = self.count
+            return trial
 
-    def record(self, cached: bool, seconds: float) -> None:
+    def record(self, path: Path, seconds: float) -> None:
         """One lone batch's prepare + run, on the path it took."""
         with self._lock:
-            old, other = self.cost[cached], self.cost[not cached]
-            trial = old is not None and other is not None and old > other  # the path not chosen
-            self.cost[cached] = seconds if old is None else old + (TRIAL_WEIGHT if trial else WEIGHT) * (seconds - old)
+            if path not in self.seen:
+                self.seen.add(path)  # its first batch built its kernels: not a measure of it
+                return
+            old = self.cost.get(path)
+            if old is None:
+                self.cost[path] = seconds
+                return
+            trial = any(c < old for c in self.cost.values())  # a path not chosen
+            self.cost[path] = old + (TRIAL_WEIGHT if trial else WEIGHT) * (seconds - old)
 
     def describe(self) -> dict:
-        """The figures (tests, benchmarks): ms per batch by path, and the lone batches seen."""
+        """The figures (tests, benchmarks, the log): ms per batch by path, and the lone batches seen."""
         with self._lock:
-            return {"cache_ms": _ms(self.cost[True]), "no_cache_ms": _ms(self.cost[False]), "batches": self.count}
+            return {"paths": {_name(p): round(s * 1e3, 3) for p, s in self.cost.items()}, "batches": self.count}
 
 
-def _ms(seconds: float | None) -> float | None:
-    return None if seconds is None else round(seconds * 1e3, 3)
+def _name(path: Path) -> str:
+    return f"{'cache' if path.cached else 'no cache'}, {path.threads} thread{'s' if path.threads > 1 else ''}"

@@ -26,7 +26,7 @@ from models.dense import DenseStack, load_dense
 from models.graphs import GraphSet, check_mode as check_cuda_graphs
 from models.checkpoint.config import ModelConfig, read_config
 from models.linear.select import choose_linears
-from models.lone_choice import LoneCacheChoice
+from models.lone_choice import LoneChoice, Path as LonePath, paths as lone_paths
 from models.checkpoint.loader import (default_device, describe_memory, load_weights, memory_report, parse_dtype,
                            resolve_model_dir)
 from models.options import KINDS, POOLINGS, RADIX_ATTENTION, check_radix_mlp_threshold, use_index
@@ -94,9 +94,9 @@ class Runner:
     defer_copies: bool = False
     dense: DenseStack | None = None  # sentence-transformers Dense modules after pooling (models/dense.py)
     graphs: GraphSet | None = None  # CUDA graphs for a lone short input (models/graphs.py); None: eager
-    # a lone short batch on a CPU uses the prefix cache only when it measures cheaper (models/lone_choice.py);
-    # None: always (the server sets one, server/app.py)
-    lone_choice: LoneCacheChoice | None = None
+    # a lone short batch on a CPU takes the prefix cache and torch's threads only when they measure
+    # cheaper (models/lone_choice.py); None: always (the server sets one, server/app.py)
+    lone_choice: LoneChoice | None = None
 
     @property
     def attention_report(self) -> dict:
@@ -142,10 +142,11 @@ class Runner:
                 index = built
         use_cache = self.cache_usable(all_tokens=per_token) and not (
             self.graphs is not None and self.graphs.fits(len(cu_seqlens) - 1, n, per_token))
-        lone_cached: bool | None = None
-        if (use_cache and self.lone_choice is not None and self.device.type == "cpu"
+        lone: LonePath | None = None
+        if (self.lone_choice is not None and self.device.type == "cpu"
                 and self.lone_choice.applies(len(cu_seqlens) - 1, n)):
-            lone_cached = use_cache = self.lone_choice.use_cache()
+            lone = self.lone_choice.choose(lone_paths(use_cache, torch.get_num_threads()))
+            use_cache = lone.cached
         # NOTE: tokens read from the prefix cache have no hidden-state row (only pooled K/V), so a
         # batch with per-token items runs without it. Leaving out only those items' sequences is
         # not enough: a cached node they share with another sequence would still lose its row, and
@@ -169,7 +170,7 @@ class Runner:
         return PreparedBatch(forward, n_tokens=n, n_compact=forward.num_rows, ratio=ratio,
                              used_index=index is not None, computed_tokens=forward.computed_tokens,
                              token_items=items, token_rows=rows, ready=streams.copied(self.device),
-                             lone_cached=lone_cached, lone_prepare_s=time.perf_counter() - t0)
+                             lone=lone, lone_prepare_s=time.perf_counter() - t0)
 
     def _token_rows(self, n: int, cu_seqlens, mask: np.ndarray,
                     index: RadixIndex | None) -> tuple[tuple[int, ...], torch.Tensor]:
@@ -233,6 +234,10 @@ class Runner:
         batch = prepared.forward
         t0 = time.perf_counter()
         out: torch.Tensor | list | streams.HostCopy
+        lone = prepared.lone
+        threads = torch.get_num_threads()
+        if lone is not None and lone.threads != threads:
+            torch.set_num_threads(lone.threads)  # forwards never overlap (models/lone_choice.py)
         try:
             with torch.inference_mode():
                 streams.await_copies(prepared.ready, streams.device_tensors(prepared), self.device)
@@ -247,10 +252,13 @@ class Runner:
             if batch.cache is not None:
                 batch.cache.abort()
             raise
+        finally:
+            if lone is not None and lone.threads != threads:
+                torch.set_num_threads(threads)
         if batch.cache is not None:
             batch.cache.commit()
-        if prepared.lone_cached is not None and self.lone_choice is not None:
-            self.lone_choice.record(prepared.lone_cached, prepared.lone_prepare_s + time.perf_counter() - t0)
+        if lone is not None and self.lone_choice is not None:
+            self.lone_choice.record(lone, prepared.lone_prepare_s + time.perf_counter() - t0)
         return out if self.defer_copies else streams.settled(out)
 
     def output_shape(self, n: int) -> tuple[int, ...]:

@@ -50,7 +50,7 @@ def max_input_length(config: ServerConfig, runner: ServedRunner) -> int:
 
 def load_runner(config: ServerConfig) -> ServedRunner:
     import models
-    from models.lone_choice import LoneCacheChoice
+    from models.lone_choice import LoneChoice
 
     runner = models.load_runner(
         config.model_id,
@@ -72,7 +72,7 @@ def load_runner(config: ServerConfig) -> ServedRunner:
         cuda_graphs=config.cuda_graphs,
     )
     runner.defer_copies = True  # on CUDA the scheduler waits for the outputs' copies on its own thread
-    runner.lone_choice = LoneCacheChoice()  # a lone short input: the cache when it pays (models/lone_choice.py)
+    runner.lone_choice = LoneChoice()  # a lone short input: the cache and the threads that pay (models/lone_choice.py)
     return runner
 
 
