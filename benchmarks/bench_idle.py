@@ -2,18 +2,24 @@
 to back ("hot") and after sleeping ("after idle"), in blocks taking turns.
 
     python -m benchmarks.bench_idle [--preset tiny-embedding] [--gaps 0,0.2,2,20] [--repeats 300]
+        [--threads 2,1] [--busy 1]
 
 Two units: a pure-Python loop (no memory to speak of: what it shows is the CPU's own pace after
 a sleep, not a cache refilled), and the one-input request's model work (``runner.prepare`` and
 ``runner.run`` of the instructed query of benchmarks/bench_front.py, prefix cache off). A
 latency benchmark sends one request at a time, so every stage of a lone request runs "after
-idle"; a throughput benchmark runs hot. Prints p50 and p90 of the wall time per gap, and each
-p50 over the hot one. Nothing is asserted.
+idle"; a throughput benchmark runs hot. ``--threads`` times the model unit at each of these
+torch thread counts (what models/lone_choice.py chooses between); ``--busy N`` keeps N processes
+spinning meanwhile (a neighbour's load: one torch thread descheduled stalls every parallel
+region). Prints p50 and p90 of the wall time per gap, and each p50 over the first gap's.
+Nothing is asserted.
 """
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import time
 
 
@@ -41,10 +47,20 @@ def model_unit(preset: str):
     return unit
 
 
-def measure(unit, gaps_ms: list[float], repeats: int, rounds: int = 5) -> dict[float, list[float]]:
+def measure(unit, gaps_ms: list[float], repeats: int, rounds: int = 5,
+            threads: int | None = None) -> dict[float, list[float]]:
     """Wall seconds of ``unit()`` after each gap. Each gap runs as a block of ``repeats / rounds``
     units (a CPU's pace after waking changes over milliseconds, so gaps must not interleave unit
-    by unit), the blocks taking turns round by round."""
+    by unit), the blocks taking turns round by round. ``threads``: torch's thread count meanwhile."""
+    if threads is not None:
+        import torch
+
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return measure(unit, gaps_ms, repeats, rounds)
+        finally:
+            torch.set_num_threads(before)
     times: dict[float, list[float]] = {g: [] for g in gaps_ms}
     per_block = max(1, repeats // rounds)
     for _ in range(rounds):
@@ -65,17 +81,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="tiny-embedding")
     ap.add_argument("--gaps", default="0,0.2,2,20", help="idle gaps in ms before each timed unit (0: none)")
     ap.add_argument("--repeats", type=int, default=300)
+    ap.add_argument("--threads", default=None, help="torch thread counts for the model unit, e.g. 2,1 "
+                                                    "(default: torch's own)")
+    ap.add_argument("--busy", type=int, default=0, help="processes kept spinning while measuring")
     args = ap.parse_args(argv)
     gaps = [float(g) for g in args.gaps.split(",")]
-    print("| unit | idle gap before it, ms | p50 us | p90 us | p50 / hot p50 |")
-    print("|---|---|---|---|---|")
-    for name, unit in (("pure-Python loop", python_unit), ("one-input prepare + run", model_unit(args.preset))):
-        times = measure(unit, gaps, args.repeats)
-        hot = statistics.median(times[gaps[0]])
-        for gap in gaps:
-            xs = sorted(times[gap])
-            p50, p90 = statistics.median(xs), xs[int(0.9 * (len(xs) - 1))]
-            print(f"| {name} | {gap:g} | {p50 * 1e6:.0f} | {p90 * 1e6:.0f} | {p50 / hot:.2f} |")
+    model = model_unit(args.preset)
+    units = [("pure-Python loop", python_unit, None)]
+    if args.threads is None:
+        units.append(("one-input prepare + run", model, None))
+    else:
+        for n in (int(t) for t in args.threads.split(",")):
+            units.append((f"one-input prepare + run, {n} thread{'s' if n > 1 else ''}", model, n))
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
+    try:
+        print("| unit | idle gap before it, ms | p50 us | p90 us | p50 / hot p50 |")
+        print("|---|---|---|---|---|")
+        for name, unit, threads in units:
+            times = measure(unit, gaps, args.repeats, threads=threads)
+            hot = statistics.median(times[gaps[0]])
+            for gap in gaps:
+                xs = sorted(times[gap])
+                p50, p90 = statistics.median(xs), xs[int(0.9 * (len(xs) - 1))]
+                print(f"| {name} | {gap:g} | {p50 * 1e6:.0f} | {p90 * 1e6:.0f} | {p50 / hot:.2f} |")
+    finally:
+        for p in spinners:
+            p.kill()
+            p.wait()
     return 0
 
 

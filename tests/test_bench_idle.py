@@ -16,3 +16,13 @@ def test_each_gap_gets_its_units_and_the_first_is_the_reference(capsys, tiny_emb
         ("pure-Python loop", "0"), ("pure-Python loop", "1"),
         ("one-input prepare + run", "0"), ("one-input prepare + run", "1")]
     assert rows[0][4].strip() == rows[2][4].strip() == "1.00"
+
+
+def test_the_model_unit_at_each_thread_count_beside_spinning_processes(capsys, tiny_embedding_dir):
+    import torch
+
+    before = torch.get_num_threads()
+    assert bench_idle.main(["--gaps", "0", "--repeats", "2", "--threads", "2,1", "--busy", "1"]) == 0
+    assert torch.get_num_threads() == before
+    names = [line.split("|")[1].strip() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert names == ["pure-Python loop", "one-input prepare + run, 2 threads", "one-input prepare + run, 1 thread"]
