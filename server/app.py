@@ -26,6 +26,7 @@ from server.config import ServerConfig
 from server.http.docs import install_docs
 from server.http.errors import install_handlers
 from server.http.express import ExpressLane
+from server.http import tracing
 from server.http.front_door import FrontDoor
 from server.http.lifecycle import DrainGate, Lifecycle
 from server.http.openapi import HeadAsGet, install_openapi
@@ -222,6 +223,7 @@ def create_app(config: ServerConfig, runner: ServedRunner | None = None,
         lifespan=lifespan_of(config, service, lifecycle, owned=owned),
         docs_url=None,  # served offline by install_docs
         redoc_url=None,
+        **tracing.native_telemetry_off(),  # the span per request is server/http/tracing.py's
     )
     app.state.service = service
     app.state.config = config
