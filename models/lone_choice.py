@@ -10,11 +10,12 @@ and its load, none known in advance:
 - Torch's intra-op threads: every parallel region of the forward waits for all of them. For a
   batch this small the regions are many and short, so when another process holds a core, one
   descheduled thread stalls each region: on a 2-core box with one core busy, the tiny fixture's
-  forward took 22 ms on 2 threads and 0.6 ms on one. On a quiet box a larger model's forward runs
-  faster on all of them (the 2-layer Qwen3-0.6B shape: 11 ms on 2, 19 ms on 1).
+  prepare and forward took 22 ms on 2 threads and 0.6 ms on one. A larger model's forward of the
+  same query runs faster on all of them (the 2-layer Qwen3-0.6B shape, the same box at load ~2:
+  11 ms on 2 threads, 19 ms on one).
 
 So the runner measures it: for such a batch (one sequence of at most ``LONE_TOKENS`` tokens, a
-CPU runner) it keeps, for each path (``LonePath``: cache or not where the cache is usable, the
+CPU runner) it keeps, for each path (``Path``: cache or not where the cache is usable, the
 process's threads or one where it has more than one), a moving average of the whole cost,
 ``prepare`` plus ``run`` (wall time), takes the cheapest, and gives another path one batch in
 ``TRY_EVERY`` (the paths not chosen in turn) so that a change (the cache turning hot, a neighbour's
@@ -25,11 +26,12 @@ path not yet measured is tried first, in ``paths`` order; its first batch is not
 builds that path's kernels: oneDNN primitives for another thread count, the cache's first write).
 
 Invariant: every path computes the same answer to float rounding (the cache is exact; one
-thread's forward equals several's, ``tests/test_lone_choice.py``); the choice moves cost only. A batch without the cache neither reads
-nor writes it. Forwards never overlap (one worker, and a batch runs on the prep thread only while
-the worker holds none), so the runner may set torch's thread count around one forward. Batches of
-two or more sequences, longer inputs and CUDA runners (whose ``run`` only queues the forward, so
-its time is not the forward's) always take the cache when it is usable, on every thread.
+thread's forward equals several's, ``tests/test_lone_choice.py``); the choice moves cost only. A
+batch without the cache neither reads nor writes it. Forwards never overlap (one worker, and a
+batch runs on the prep thread only while the worker holds none), so the runner may set torch's
+thread count around one forward. Batches of two or more sequences, longer inputs and CUDA
+runners (whose ``run`` only queues the forward, so its time is not the forward's) always take the
+cache when it is usable, on every thread.
 """
 from __future__ import annotations
 
