@@ -2,7 +2,7 @@
 to back ("hot") and after sleeping ("after idle"), in blocks taking turns.
 
     python -m benchmarks.bench_idle [--preset tiny-embedding] [--gaps 0,0.2,2,20] [--repeats 300]
-        [--threads 2,1] [--busy 1]
+        [--threads 2,1] [--busy 1] [--model-dir DIR] [--batch 8x60]
 
 Two units: a pure-Python loop (no memory to speak of: what it shows is the CPU's own pace after
 a sleep, not a cache refilled), and the one-input request's model work (``runner.prepare`` and
@@ -11,7 +11,8 @@ latency benchmark sends one request at a time, so every stage of a lone request 
 idle"; a throughput benchmark runs hot. ``--threads`` times the model unit at each of these
 torch thread counts (what models/lone_choice.py chooses between); ``--busy N`` keeps N processes
 spinning meanwhile (a neighbour's load: one torch thread descheduled stalls every parallel
-region). Prints p50 and p90 of the wall time per gap, and each p50 over the first gap's.
+region); ``--model-dir`` and ``--batch BxL`` time another checkpoint and a batch of B sequences
+of L tokens. Prints p50 and p90 of the wall time per gap, and each p50 over the first gap's.
 Nothing is asserted.
 """
 from __future__ import annotations
@@ -30,19 +31,28 @@ def python_unit() -> int:
     return x
 
 
-def model_unit(preset: str):
+def model_unit(preset: str, model_dir: str | None = None, batch: tuple[int, int] | None = None):
+    """``prepare`` + ``run`` of the instructed query (``batch`` None), or of ``batch`` = (B, L): B
+    sequences of L random token ids, on ``model_dir`` or else the preset's fixture."""
+    import numpy as np
     import torch
 
     import fixtures
     import models
     from benchmarks.bench_front import ONE_INPUT
 
-    runner = models.load_runner(str(fixtures.cached(preset)), device="cpu", prefix_cache_size=0)
-    ids = runner.tokenizer.encode(ONE_INPUT).ids
-    cu = torch.tensor([0, len(ids)])
+    where = model_dir if model_dir is not None else str(fixtures.cached(preset))
+    runner = models.load_runner(where, device="cpu", prefix_cache_size=0)
+    if batch is None:
+        ids = torch.tensor(runner.tokenizer.encode(ONE_INPUT).ids)
+        cu = torch.tensor([0, len(ids)])
+    else:
+        b, length = batch
+        ids = torch.from_numpy(np.random.default_rng(0).integers(100, runner.config.vocab_size, b * length))
+        cu = torch.arange(0, b * length + 1, length)  # [B+1]
 
     def unit():
-        return runner.run(runner.prepare(torch.tensor(ids), cu))
+        return runner.run(runner.prepare(ids, cu))
 
     return unit
 
@@ -84,15 +94,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--threads", default=None, help="torch thread counts for the model unit, e.g. 2,1 "
                                                     "(default: torch's own)")
     ap.add_argument("--busy", type=int, default=0, help="processes kept spinning while measuring")
+    ap.add_argument("--model-dir", default=None, help="a checkpoint directory instead of the preset's fixture")
+    ap.add_argument("--batch", default=None, help="BxL: B sequences of L random tokens instead of the query")
     args = ap.parse_args(argv)
     gaps = [float(g) for g in args.gaps.split(",")]
-    model = model_unit(args.preset)
+    batch = None
+    if args.batch:
+        try:
+            b, length = (int(v) for v in args.batch.lower().split("x"))
+        except ValueError:
+            ap.error("--batch is BxL, e.g. 8x60")
+        if min(b, length) < 1:
+            ap.error("--batch is BxL, e.g. 8x60")
+        batch = (b, length)
+    model = model_unit(args.preset, args.model_dir, batch)
+    what = "one-input" if batch is None else f"{batch[0]}x{batch[1]}"
     units = [("pure-Python loop", python_unit, None)]
     if args.threads is None:
-        units.append(("one-input prepare + run", model, None))
+        units.append((f"{what} prepare + run", model, None))
     else:
         for n in (int(t) for t in args.threads.split(",")):
-            units.append((f"one-input prepare + run, {n} thread{'s' if n > 1 else ''}", model, n))
+            units.append((f"{what} prepare + run, {n} thread{'s' if n > 1 else ''}", model, n))
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     try:
         print("| unit | idle gap before it, ms | p50 us | p90 us | p50 / hot p50 |")

@@ -2,6 +2,8 @@
 as often as asked, in blocks, and each p50 over the first gap's (times are never asserted)."""
 from __future__ import annotations
 
+import pytest
+
 from benchmarks import bench_idle
 
 
@@ -26,3 +28,12 @@ def test_the_model_unit_at_each_thread_count_beside_spinning_processes(capsys, t
     assert torch.get_num_threads() == before
     names = [line.split("|")[1].strip() for line in capsys.readouterr().out.splitlines()[2:]]
     assert names == ["pure-Python loop", "one-input prepare + run, 2 threads", "one-input prepare + run, 1 thread"]
+
+
+def test_a_batch_of_random_sequences_on_a_given_checkpoint(capsys, tiny_embedding_dir):
+    assert bench_idle.main(["--gaps", "0", "--repeats", "2", "--threads", "1", "--batch", "3x5",
+                            "--model-dir", str(tiny_embedding_dir)]) == 0
+    names = [line.split("|")[1].strip() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert names == ["pure-Python loop", "3x5 prepare + run, 1 thread"]
+    with pytest.raises(SystemExit):
+        bench_idle.main(["--batch", "3x"])
