@@ -235,9 +235,10 @@ class Runner:
         t0 = time.perf_counter()
         out: torch.Tensor | list | streams.HostCopy
         lone = prepared.lone
-        threads = torch.get_num_threads()
-        if lone is not None and lone.threads != threads:
+        restore = 0  # the thread count to give back after this forward (0: left as it is)
+        if lone is not None and lone.threads != (current := torch.get_num_threads()):
             torch.set_num_threads(lone.threads)  # forwards never overlap (models/lone_choice.py)
+            restore = current
         try:
             with torch.inference_mode():
                 streams.await_copies(prepared.ready, streams.device_tensors(prepared), self.device)
@@ -253,8 +254,8 @@ class Runner:
                 batch.cache.abort()
             raise
         finally:
-            if lone is not None and lone.threads != threads:
-                torch.set_num_threads(threads)
+            if restore:
+                torch.set_num_threads(restore)
         if batch.cache is not None:
             batch.cache.commit()
         if lone is not None and self.lone_choice is not None:
