@@ -13,6 +13,7 @@ rows the pool serves is the cache's decision.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,7 @@ from models.trie import RadixIndex, identity_index, positions_from_cu_seqlens
 from models.attention.tree import TreeAttention
 
 MODES = ("off",) + RADIX_ATTENTION
+LONE_LAYOUT_TOKENS = 256  # a lone CPU sequence up to this long reuses its length's layout (_lone_batch)
 
 
 @dataclass(frozen=True)
@@ -134,23 +136,65 @@ def build_forward_batch(input_ids, cu_seqlens, index: RadixIndex | None = None, 
             plan.io.abort()
             raise
     if index is None or mode == "off":
-        mode = "off"
-        row_ids, positions = ids, positions_from_cu_seqlens(cu, np.int64)
-        rows_of = np.arange(n, dtype=np.int64)  # [N] model row of each original row
+        if b == 1 and n <= LONE_LAYOUT_TOKENS and device.type == "cpu":
+            return _lone_batch(ids, n, mean_pooling)
+        return _plain_batch(ids, cu, device, mean_pooling)
+    return _radix_batch(ids, cu, index, mode, device, mean_pooling)
+
+
+def _lone_batch(ids: np.ndarray, n: int, mean_pooling: bool) -> ForwardBatch:
+    """One sequence on the CPU: its ids in the layout every lone sequence of ``n`` tokens shares.
+
+    The positions, boundaries, pooling rows and weights of a lone sequence depend on its length
+    alone, and the forward only reads them, so they are built once per length (``_plain_batch``,
+    so the layout is the general one by construction) and only the ids are new: a query's batch
+    costs one tensor instead of some twenty small array and tensor operations, each slower than
+    its arithmetic on caches the forward just flushed."""
+    batch = object.__new__(ForwardBatch)
+    batch.__dict__.update(_lone_layout(n, mean_pooling).__dict__)
+    batch.__dict__["input_ids"] = torch.from_numpy(np.ascontiguousarray(ids))  # [N] (frozen: past __setattr__)
+    return batch
+
+
+@functools.lru_cache(maxsize=2 * LONE_LAYOUT_TOKENS)
+def _lone_layout(n: int, mean_pooling: bool) -> ForwardBatch:
+    return _plain_batch(np.zeros(n, dtype=np.int64), np.array([0, n], dtype=np.int64), torch.device("cpu"),
+                        mean_pooling)
+
+
+def _plain_batch(ids: np.ndarray, cu: np.ndarray, device: torch.device, mean_pooling: bool) -> ForwardBatch:
+    """Mode "off": one model row per original token."""
+    rows_of = np.arange(int(cu[-1]), dtype=np.int64)  # [N] model row of each original row
+    return _assemble("off", ids, positions_from_cu_seqlens(cu, np.int64), rows_of, cu, cu, cu, device, mean_pooling)
+
+
+def _radix_batch(ids: np.ndarray, cu: np.ndarray, index: RadixIndex, mode: str, device: torch.device,
+                 mean_pooling: bool) -> ForwardBatch:
+    """Modes "paper" and "compact": one model row per trie node."""
+    row_ids = np.asarray(index.compact_ids).astype(np.int64)
+    positions = np.asarray(index.compact_positions).astype(np.int64)
+    rows_of = np.asarray(index.scatter).astype(np.int64)
+    gather: np.ndarray | None = np.asarray(index.gather).astype(np.int64)
+    scatter: np.ndarray | None = rows_of
+    kv_index: np.ndarray | None = None
+    if mode == "paper":
         cu_q = cu_k = cu
-        scatter = gather = kv_index = None
     else:
-        row_ids = np.asarray(index.compact_ids).astype(np.int64)
-        positions = np.asarray(index.compact_positions).astype(np.int64)
-        rows_of = np.asarray(index.scatter).astype(np.int64)
-        gather = np.asarray(index.gather).astype(np.int64)
-        scatter, kv_index = rows_of, None
-        if mode == "paper":
-            cu_q = cu_k = cu
-        else:
-            cu_q = np.asarray(index.cu_seqlens_q).astype(np.int64)
-            cu_k, kv_index = _owner_keys(rows_of, cu, np.asarray(index.owners).astype(np.int64))
-            scatter = gather = None  # compact attention needs neither
+        cu_q = np.asarray(index.cu_seqlens_q).astype(np.int64)
+        cu_k, kv_index = _owner_keys(rows_of, cu, np.asarray(index.owners).astype(np.int64))
+        scatter = gather = None  # compact attention needs neither
+    return _assemble(mode, row_ids, positions, rows_of, cu, cu_q, cu_k, device, mean_pooling,
+                     scatter=scatter, gather=gather, kv_index=kv_index)
+
+
+def _assemble(mode: str, row_ids: np.ndarray, positions: np.ndarray, rows_of: np.ndarray, cu: np.ndarray,
+              cu_q: np.ndarray, cu_k: np.ndarray, device: torch.device, mean_pooling: bool, *,
+              scatter: np.ndarray | None = None, gather: np.ndarray | None = None,
+              kv_index: np.ndarray | None = None) -> ForwardBatch:
+    """The ForwardBatch of host rows: row_ids/positions [T], rows_of [N] (each original token's
+    row), cu [B+1] the original boundaries, cu_q/cu_k the attention call's."""
+    lens = np.diff(cu)  # [B]
+    n, b = int(cu[-1]), len(lens)
     last = rows_of[cu[1:] - 1] if b else np.zeros(0, np.int64)
     first = rows_of[cu[:-1]] if b else np.zeros(0, np.int64)
     weights = _mean_weights(rows_of, lens, len(row_ids), device) if mean_pooling else None

@@ -17,6 +17,9 @@ from .forming import Entry
 
 def pack(entries: Sequence[Entry]) -> tuple[np.ndarray, np.ndarray]:
     """input_ids int32 [N] and cu_seqlens int32 [B+1] of a batch."""
+    if len(entries) == 1:  # a lone request: two arrays, not five steps
+        ids = np.array(entries[0].input_ids, dtype=np.int32)  # [N]
+        return ids, np.array([0, len(ids)], dtype=np.int32)
     lengths = np.fromiter((e.n_tokens for e in entries), dtype=np.int64, count=len(entries))
     cu_seqlens = np.zeros(len(entries) + 1, dtype=np.int32)
     np.cumsum(lengths, out=cu_seqlens[1:])
