@@ -109,3 +109,56 @@ def test_a_huge_rerank_document_without_truncation_is_refused_as_at_least(tok):
     with pytest.raises(prompts.InputTooLong) as exact:
         template.encode("q", ["short", "word " * 300], max_length=300, truncate=False)
     assert "at least" not in str(exact.value)
+
+
+def oracle_or_refusal(tok, texts: list[str], max_length: int, truncate: bool) -> list[list[int]] | int:
+    """The oracle's ids of every text, or (truncation off) the index of the first text too long."""
+    budget = max_length - tok.num_special_tokens_to_add(False)
+    for i, text in enumerate(texts):
+        if not truncate and len(tok.encode(text, add_special_tokens=False).ids) > budget:
+            return i
+    return [oracle(tok, text, max_length, "right") for text in texts]
+
+
+@settings(max_examples=150, deadline=None)
+@given(texts=st.lists(st.lists(_ALPHABET, max_size=120).map("".join).filter(bool), min_size=1, max_size=6),
+       max_length=st.integers(2, 60), truncate=st.booleans())
+def test_a_batch_of_short_texts_equals_the_oracle_text_by_text(tok, texts, max_length, truncate):
+    """Texts short enough to be encoded whole are encoded and post-processed in one call; those
+    whose tokens do not fit are cut (or refused, naming the first) as the oracle says."""
+    want = oracle_or_refusal(tok, texts, max_length, truncate)
+    if isinstance(want, int):
+        with pytest.raises(prompts.InputTooLong) as info:
+            prompts.encode_embedding_inputs(tok, texts, max_length=max_length, truncate=False)
+        assert info.value.index == want and not info.value.at_least
+        assert info.value.length == len(tok.encode(texts[want]).ids)
+    else:
+        assert prompts.encode_embedding_inputs(tok, texts, max_length=max_length, truncate=truncate) == want
+
+
+class CallCounting(CountingTokenizer):
+    def __init__(self, inner) -> None:
+        super().__init__(inner)
+        self.calls: list[str] = []
+
+    def encode_batch_fast(self, texts, **kw):
+        self.calls.append("encode_batch_fast")
+        return super().encode_batch_fast(texts, **kw)
+
+    def post_process(self, *a, **kw):
+        self.calls.append("post_process")
+        return self.inner.post_process(*a, **kw)
+
+
+def test_short_texts_that_fit_cost_one_tokenizer_call(tok):
+    counting = CallCounting(tok)
+    texts = ["what is the capital of france", "a second short query", "🙂 third"]
+    ids = prompts.encode_embedding_inputs(counting, texts, max_length=512, truncate=False)
+    assert ids == [oracle(tok, t, 512, "right") for t in texts]
+    assert counting.calls == ["encode_batch_fast"]
+    # one text too long for max_length: only it is encoded again, through the cut
+    counting.calls.clear()
+    texts[1] = "word " * 30  # within the whole-encode bound (4 x (15 + 32) characters), 31 tokens
+    ids = prompts.encode_embedding_inputs(counting, texts, max_length=16, truncate=True)
+    assert ids == [oracle(tok, t, 16, "right") for t in texts]
+    assert counting.calls == ["encode_batch_fast", "encode_batch_fast", "post_process"]

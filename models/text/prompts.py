@@ -12,6 +12,7 @@ per request) and each document (encoded once), so a long query costs once, not o
 """
 from __future__ import annotations
 
+import functools
 from typing import Mapping, Sequence
 
 from tokenizers import Encoding, Tokenizer
@@ -168,13 +169,35 @@ def encode_texts(
     budget = max_length - n_special
     if budget < 1:
         raise ValueError(f"max_length {max_length} leaves no room next to {n_special} special tokens")
+    cut = functools.partial(_encode_cut, tokenizer, budget=budget, truncate=truncate, direction=direction,
+                            n_special=n_special, max_length=max_length, add_special_tokens=add_special_tokens)
+    if any(len(t) > CHARS_PER_TOKEN * (budget + CUT_SLACK) for t in texts):
+        return cut(texts)
+    # Every text is short enough that encode_bounded would encode it whole: encode and post-process
+    # in one call (the same encodings as encoding, then adding the special tokens), and cut only
+    # the texts whose tokens do not fit.
+    encode = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
+    out = encode(list(texts), add_special_tokens=add_special_tokens)
+    over = [i for i, e in enumerate(out) if len(e) > max_length]
+    if over:
+        for i, enc in zip(over, cut([texts[i] for i in over], index_of=over)):
+            out[i] = enc
+    return out
+
+
+def _encode_cut(tokenizer: Tokenizer, texts: Sequence[str], *, budget: int, truncate: bool, direction: str,
+                n_special: int, max_length: int, add_special_tokens: bool,
+                index_of: Sequence[int] | None = None) -> list[Encoding]:
+    """Encode the text tokens (bounded windows), cut each to ``budget`` or refuse it (naming the
+    input ``index_of[i]``, default ``i``), then add the special tokens."""
     encodings = encode_bounded(tokenizer, texts, keep=budget, direction=direction)
     out = []
     for i, (enc, whole) in enumerate(encodings):
         if len(enc.ids) > budget:
             if not truncate:  # a window's count, less what its cut may add, bounds the text's from below
                 held = len(enc.ids) if whole else len(enc.ids) - CUT_SLACK
-                raise InputTooLong(i, held + n_special, max_length, at_least=not whole)
+                raise InputTooLong(i if index_of is None else index_of[i], held + n_special, max_length,
+                                   at_least=not whole)
             enc.truncate(budget, direction=direction)
         out.append(tokenizer.post_process(enc, add_special_tokens=add_special_tokens))
     return out
