@@ -314,17 +314,31 @@ class Service:
             asyncio.get_running_loop().run_in_executor(self.tok.executor, allocator.release_free_memory)
 
     async def _submit(self, request: Request, items: Items, *, all_tokens: bool) -> SubmitResult:
-        """Await the scheduler; cancel the entries when the client goes away first."""
+        """Await the scheduler in this task; cancel the entries when the client goes away first.
+
+        The disconnect watcher cancels this task when the client leaves (the scheduler's submit
+        drops the entries still queued), which reads here as ``ClientGone``; the submit runs in
+        this task rather than one of its own, so the answer reaches the route with one wake-up."""
         rid = request_id(request)
-        # NOTE: the item lists are fresh (the tokenizer's or check_token_ids'): handed over uncopied.
-        work = asyncio.ensure_future(self.scheduler.submit(items, request_id=rid, all_tokens=all_tokens,
-                                                           namespace=cache_salt.namespace(request)))
+        task = asyncio.current_task()
+        assert task is not None
         gone = asyncio.ensure_future(_disconnected(request))
+        waiting = True
+
+        def leave(_: asyncio.Future) -> None:  # on the loop, once the watcher ended
+            if waiting and not gone.cancelled():
+                task.cancel()
+
+        gone.add_done_callback(leave)
         try:
-            done, _ = await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if work not in done:
-                raise ClientGone()
-            return work.result()
+            # NOTE: the item lists are fresh (the tokenizer's or check_token_ids'): handed over uncopied.
+            return await self.scheduler.submit(items, request_id=rid, all_tokens=all_tokens,
+                                               namespace=cache_salt.namespace(request))
+        except asyncio.CancelledError:
+            if not gone.done() or gone.cancelled():
+                raise  # cancelled from outside (the server's drain): not this client's leaving
+            _uncancel(task)
+            raise ClientGone() from None
         except BatchFailed as exc:
             log.error("request id %s: %d items failed in the model: %s", rid, len(items), exc)
             raise ApiError("backend", internal_message(rid)) from exc
@@ -332,9 +346,15 @@ class Service:
             log.error("request id %s: the model worker is not available: %s", rid, exc)
             raise ApiError("unhealthy", f"the model worker is not available; retry later (request id {rid})") from exc
         finally:
+            waiting = False
             gone.cancel()
-            if not work.done():
-                work.cancel()  # NOTE: the scheduler drops entries whose future was cancelled
+
+
+def _uncancel(task: asyncio.Task) -> None:
+    """Take back the cancellation this module asked for (3.11+ counts them; 3.10 does not)."""
+    uncancel = getattr(task, "uncancel", None)
+    if uncancel is not None:
+        uncancel()
 
 
 async def _disconnected(request: Request) -> None:
