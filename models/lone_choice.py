@@ -35,6 +35,7 @@ cache when it is usable, on every thread.
 """
 from __future__ import annotations
 
+import functools
 import threading
 from typing import NamedTuple
 
@@ -51,6 +52,7 @@ class Path(NamedTuple):
     threads: int  # torch's intra-op threads for its forward
 
 
+@functools.lru_cache(maxsize=64)  # a handful of (cache, threads) pairs, asked once per lone batch
 def paths(cache_usable: bool, threads: int) -> tuple[Path, ...]:
     """The candidates, in the order an unmeasured one is tried: the cache first, then all threads
     first (the defaults of every other batch)."""

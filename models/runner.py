@@ -127,9 +127,9 @@ class Runner:
             raise ValueError(f"a batch holds at most {MAX_SEQS} sequences (a CUDA grid dimension), "
                              f"got {len(cu_seqlens) - 1}")
         mask = np.zeros(0, dtype=bool) if all_tokens is None else np.asarray(all_tokens, dtype=bool)
-        if mask.any() and mask.shape != (len(cu_seqlens) - 1,):
+        per_token = all_tokens is not None and bool(mask.any())
+        if per_token and mask.shape != (len(cu_seqlens) - 1,):
             raise ValueError(f"all_tokens has shape {mask.shape}, the batch {len(cu_seqlens) - 1} sequences")
-        per_token = bool(mask.any())
         index: RadixIndex | None = None
         ratio = 1.0
         # NOTE: one sequence has no shared prefix (N'/N = 1): below threshold 1 the gate would drop it.
