@@ -43,8 +43,9 @@ class SubmitResult:
     compute_tokens: int  # tokens computed for the items (prefix-cache hits excluded)
 
 
-class _Ticket:
-    """One request's bookkeeping, carried in each of its entries' ``payload`` as (ticket, item).
+class Ticket:
+    """One request's bookkeeping, carried in each of its entries' ``payload`` as (ticket, item);
+    ``future`` is the request's outcome (``Scheduler.enqueue``).
 
     Written only on the request's own loop (``_settle``), so it needs no lock."""
 
@@ -59,8 +60,8 @@ class _Ticket:
         self.compute = 0
 
 
-def _ticket(entry: Entry) -> _Ticket:
-    return cast(_Ticket, entry.payload[0])  # type: ignore[index]  # the scheduler alone makes entries
+def _ticket(entry: Entry) -> Ticket:
+    return cast(Ticket, entry.payload[0])  # type: ignore[index]  # the scheduler alone makes entries
 
 
 # One entry's outcome as the pipeline reports it: (entry, (output, queue s, forward s, tokens), error).
@@ -95,7 +96,7 @@ class Scheduler:
         self.metrics = metrics
         self._on_death_cb = on_death
         self._lock = threading.Lock()  # guards _pending, _accepting, _died; taken before the queue's
-        self._pending: set[_Ticket] = set()
+        self._pending: set[Ticket] = set()
         self._accepting = self._started = self._died = False
         self._request_ids = itertools.count()
         if metrics is not None:
@@ -178,7 +179,7 @@ class Scheduler:
                 if stages.recorder is not None:
                     stages.recorder("settled", (t.label,))
 
-    def _finish(self, ticket: _Ticket) -> None:
+    def _finish(self, ticket: Ticket) -> None:
         with self._lock:
             self._pending.discard(ticket)
 
@@ -190,7 +191,7 @@ class Scheduler:
             tickets = list(self._pending)
             self._pending.clear()
         self._waiting.close(clear=True)  # its entries' tickets are among the pending ones
-        by_loop: dict[asyncio.AbstractEventLoop, list[_Ticket]] = {}
+        by_loop: dict[asyncio.AbstractEventLoop, list[Ticket]] = {}
         for t in tickets:
             by_loop.setdefault(t.loop, []).append(t)
         for loop, group in by_loop.items():
@@ -204,7 +205,8 @@ class Scheduler:
             except Exception:  # noqa: BLE001 - the callback must not mask the death
                 log.exception("the scheduler's on_death callback failed")
 
-    def _cancel(self, ticket: _Ticket) -> None:
+    def cancel(self, ticket: Ticket) -> None:
+        """Drop what is still queued of ``ticket``'s request and cancel its future (on its loop)."""
         if not ticket.future.done():
             ticket.future.cancel()
         self._finish(ticket)
@@ -221,6 +223,21 @@ class Scheduler:
         output is the item's per-token final states, float32 [L, E], instead of the pooled one.
         ``namespace``: the items' prefix-cache namespace (b"": shared); handed to ``runner.prepare``.
         """
+        ticket = self.enqueue(items, request_id=request_id, all_tokens=all_tokens, namespace=namespace)
+        try:
+            return await ticket.future
+        except BaseException:  # failure or cancellation: drop what is still queued
+            self.cancel(ticket)
+            raise
+
+    def enqueue(
+        self, items: list[list[int]], *, request_id: str | None = None, all_tokens: bool = False,
+        namespace: bytes = b"",
+    ) -> Ticket:
+        """``submit`` without the wait, on the running loop: the items are queued, and the ticket's
+        ``future`` resolves as ``submit`` would return or raise; ``cancel(ticket)`` drops what is
+        still queued. For a caller that answers from a callback rather than a task of its own
+        (the engine of several front ends, server/frontends/engine.py)."""
         if not items:
             raise ValueError("submit needs at least one item")
         for i, ids in enumerate(items):
@@ -228,7 +245,7 @@ class Scheduler:
                 raise ValueError(f"item {i} has {len(ids)} tokens; allowed 1..{self.max_batch_tokens}")
         loop = asyncio.get_running_loop()
         rid = next(self._request_ids)
-        ticket = _Ticket(loop, request_id if request_id is not None else f"#{rid}", len(items))
+        ticket = Ticket(loop, request_id if request_id is not None else f"#{rid}", len(items))
         now = time.monotonic()
         # NOTE: the item lists are kept, not copied: the caller hands them over.
         entries = [Entry(rid, ids, now, payload=(ticket, i), all_tokens=all_tokens, namespace=namespace)
@@ -243,11 +260,7 @@ class Scheduler:
             self._pending.add(ticket)
         if stages.recorder is not None:
             stages.recorder("admitted", (ticket.label,))
-        try:
-            return await ticket.future
-        except BaseException:  # failure or cancellation: drop what is still queued
-            self._cancel(ticket)
-            raise
+        return ticket
 
 
 def _on_cpu(runner: ModelRunner) -> bool:
@@ -255,7 +268,7 @@ def _on_cpu(runner: ModelRunner) -> bool:
     return device is None or getattr(device, "type", str(device)) == "cpu"
 
 
-def _fail_all(tickets: list[_Ticket], message: str) -> None:
+def _fail_all(tickets: list[Ticket], message: str) -> None:
     """On the loop: end every still-open request of ``tickets`` with WorkerDead."""
     for t in tickets:
         if not t.future.done():

@@ -16,7 +16,7 @@ import dataclasses
 import functools
 import logging
 import os
-from typing import AsyncIterator, Callable
+from typing import TYPE_CHECKING, AsyncIterator, Callable
 
 from fastapi import APIRouter, FastAPI
 from starlette.middleware.cors import CORSMiddleware
@@ -37,6 +37,9 @@ from server.service.core import Limits, Service
 from server.service.info import build_info, startup_line, version
 from server.service.model_names import ModelNames
 from server.service.permits import Permits
+
+if TYPE_CHECKING:
+    from scheduler import Scheduler
 
 log = logging.getLogger("radixserve.server")
 
@@ -78,7 +81,7 @@ def load_runner(config: ServerConfig) -> ServedRunner:
 
 
 def build_scheduler(config: ServerConfig, runner: ServedRunner, metrics: Metrics, *,
-                    on_death: Callable[[BaseException], None] | None = None) -> ServedScheduler:
+                    on_death: Callable[[BaseException], None] | None = None) -> Scheduler:
     from scheduler import Scheduler
     from scheduler.forming import PrefixPolicy
 

@@ -143,8 +143,9 @@ def test_outputs_travel_as_one_buffer_and_come_back_equal():
 
 
 class _FakeScheduler:
-    """The engine's scheduler: each item's output is its ids' sum and length (an independent
-    computation the test repeats), released when the test says; cancellations are recorded."""
+    """The engine's scheduler (``enqueue``/``cancel``): each item's output is its ids' sum and
+    length (an independent computation the test repeats), released when the test says;
+    cancellations are recorded."""
 
     alive = True
     queue_size = 0
@@ -153,27 +154,41 @@ class _FakeScheduler:
         self.release: asyncio.Event | None = None
         self.seen: list = []
         self.cancelled: list = []
+        self.answering: list = []
 
-    async def submit(self, items, *, request_id=None, all_tokens=False, namespace=b""):
+    def enqueue(self, items, *, request_id=None, all_tokens=False, namespace=b""):
+        from types import SimpleNamespace
+
         from scheduler import SubmitResult
 
         assert self.release is not None
         self.seen.append((request_id, all_tokens, namespace))
-        try:
+        ticket = SimpleNamespace(future=asyncio.get_running_loop().create_future(), label=request_id)
+
+        async def answer() -> None:
             await self.release.wait()
-        except asyncio.CancelledError:
-            self.cancelled.append(request_id)
-            raise
-        if request_id == "unpicklable":
-            return SubmitResult([lambda: 0], 0.5, 0.25, 1)
-        return SubmitResult([np.array([sum(i), len(i)], dtype=np.float32) for i in items], 0.5, 0.25, len(items))
+            if ticket.future.done():
+                return
+            if request_id == "unpicklable":
+                ticket.future.set_result(SubmitResult([lambda: 0], 0.5, 0.25, 1))
+            else:
+                ticket.future.set_result(SubmitResult([np.array([sum(i), len(i)], dtype=np.float32) for i in items],
+                                                      0.5, 0.25, len(items)))
+
+        self.answering.append(asyncio.ensure_future(answer()))
+        return ticket
+
+    def cancel(self, ticket) -> None:
+        if not ticket.future.done():
+            self.cancelled.append(ticket.label)
+            ticket.future.cancel()
 
 
 def test_a_burst_of_submits_and_a_cancel_cross_the_wire():
     """RemoteScheduler -> Engine -> scheduler in one loop: 40 submits and a cancel sent in one
-    iteration each get their own answer (the cancelled one reaches the scheduler's submit as a
-    cancellation, one whose answer does not pickle fails alone), request ids and namespaces
-    arrive, and the engine's replies share writes."""
+    iteration each get their own answer (the cancelled one reaches the scheduler as a
+    cancellation of its ticket, one whose answer does not pickle fails alone), request ids and
+    namespaces arrive, and the engine's replies share writes."""
     from scheduler import BatchFailed
     from scheduler.metrics import Metrics
     from server.frontends.engine import Engine

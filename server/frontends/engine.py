@@ -2,8 +2,9 @@
 
 ``serve(config, runner)`` binds the API port (sockets.py), starts the scheduler, starts N front
 ends (``python -m server.frontends.frontend``, each in a session of its own so a terminal's
-Ctrl-C reaches the engine alone) and serves their submits: each becomes a ``Scheduler.submit``
-on this loop, answered with the outputs or the error's kind (wire.py). It also gathers /metrics
+Ctrl-C reaches the engine alone) and serves their submits: each is queued on this loop
+(``Scheduler.enqueue``, no task of its own) and answered from its ticket's done callback with
+the outputs or the error's kind (wire.py); a cancel cancels the ticket. It also gathers /metrics
 for any front end (its own series plus every front end's, summed) and serves --prometheus-port.
 
 Life and death, one rule each:
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -31,14 +33,15 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
-from scheduler import BatchFailed, WorkerDead
+from scheduler import BatchFailed, Scheduler, SubmitResult, WorkerDead
+from scheduler.scheduler import Ticket
 from scheduler.metrics import Metrics
 from server.config import ServerConfig
 from server.frontends import metrics_merge, wire
 from server.frontends.sockets import bind_api, bind_side
 from server.frontends.view import RunnerView
 from server.http.lifecycle import EXIT_WORKER_DEAD
-from server.service.contract import ServedRunner, ServedScheduler
+from server.service.contract import ServedRunner
 
 log = logging.getLogger("radixserve.server")
 
@@ -50,7 +53,7 @@ class FrontEnd:
     index: int
     proc: subprocess.Popen
     channel: wire.Channel = field(init=False)
-    tasks: dict[int, asyncio.Task] = field(default_factory=dict)
+    tickets: dict[int, Ticket] = field(default_factory=dict)  # its submits not yet answered, by id
     gone: bool = False
 
 
@@ -60,7 +63,7 @@ class Engine:
         self.frontends: list[FrontEnd] = []
         self.stopping = False
         self.exit_code = 0
-        self.scheduler: ServedScheduler | None = None
+        self.scheduler: Scheduler | None = None
         self._collects: dict[int, asyncio.Future] = {}
         self._ids = itertools.count()
         self._done: asyncio.Event | None = None
@@ -171,11 +174,11 @@ class Engine:
     def _on_message(self, fe: FrontEnd, msg: tuple) -> None:
         kind = msg[0]
         if kind == "submit":
-            fe.tasks[msg[1]] = asyncio.get_running_loop().create_task(self._submit(fe, *msg[1:]))
+            self._submit(fe, *msg[1:])
         elif kind == "cancel":
-            task = fe.tasks.pop(msg[1], None)
-            if task is not None:
-                task.cancel()
+            ticket = fe.tickets.pop(msg[1], None)
+            if ticket is not None and self.scheduler is not None:
+                self.scheduler.cancel(ticket)
         elif kind == "scrape":
             asyncio.get_running_loop().create_task(self._scrape(fe, msg[1]))
         elif kind == "ping":  # answered on this loop: a stopped or stuck engine answers nothing
@@ -190,8 +193,10 @@ class Engine:
     def _on_lost(self, fe: FrontEnd) -> None:
         """The front end's end of the pair closed (it exited, or is exiting): reap it."""
         fe.gone = True
-        for task in fe.tasks.values():
-            task.cancel()
+        tickets, fe.tickets = list(fe.tickets.values()), {}
+        for ticket in tickets:
+            if self.scheduler is not None:
+                self.scheduler.cancel(ticket)
         asyncio.get_running_loop().create_task(self._reap(fe))
 
     async def _reap(self, fe: FrontEnd) -> None:
@@ -203,23 +208,37 @@ class Engine:
         else:
             log.info("front end %d (pid %d) exited with status %d", fe.index, fe.proc.pid, code)
 
-    async def _submit(self, fe: FrontEnd, sid: int, items: list[list[int]], request_id: str | None,
-                      all_tokens: bool, namespace: bytes) -> None:
+    def _submit(self, fe: FrontEnd, sid: int, items: list[list[int]], request_id: str | None,
+                all_tokens: bool, namespace: bytes) -> None:
+        """Queue a front end's submit; ``_answer`` replies once its outcome is in (no task of its own)."""
         assert self.scheduler is not None
         try:
-            result = await self.scheduler.submit(items, request_id=request_id, all_tokens=all_tokens,
-                                                 namespace=namespace)
-            reply: tuple = ("result", sid, wire.pack_outputs(result.outputs), result.queue_time_s,
-                            result.inference_time_s, result.compute_tokens)
-        except BatchFailed as exc:
-            reply = ("error", sid, "batch", str(exc))
-        except WorkerDead as exc:
+            ticket = self.scheduler.enqueue(items, request_id=request_id, all_tokens=all_tokens, namespace=namespace)
+        except Exception as exc:  # noqa: BLE001 - refused (worker gone, a malformed submit): its request only
+            self._reply(fe, sid, request_id, None, exc)
+            return
+        fe.tickets[sid] = ticket
+        ticket.future.add_done_callback(functools.partial(self._answer, fe, sid, request_id))
+
+    def _answer(self, fe: FrontEnd, sid: int, request_id: str | None, future: asyncio.Future) -> None:
+        fe.tickets.pop(sid, None)
+        if future.cancelled():
+            return  # the front end cancelled it, or is gone: nobody waits for an answer
+        self._reply(fe, sid, request_id, None if future.exception() else future.result(), future.exception())
+
+    def _reply(self, fe: FrontEnd, sid: int, request_id: str | None, result: SubmitResult | None,
+               exc: BaseException | None) -> None:
+        if isinstance(exc, BatchFailed):
+            reply: tuple = ("error", sid, "batch", str(exc))
+        elif isinstance(exc, WorkerDead):
             reply = ("error", sid, "dead", str(exc))
-        except Exception as exc:  # noqa: BLE001 - a bad submit fails its request only
+        elif exc is not None:
             log.error("request id %s: %s: %s", request_id, type(exc).__name__, exc)
             reply = ("error", sid, "batch", f"{type(exc).__name__}: {exc}")
-        finally:
-            fe.tasks.pop(sid, None)
+        else:
+            assert result is not None
+            reply = ("result", sid, wire.pack_outputs(result.outputs), result.queue_time_s,
+                     result.inference_time_s, result.compute_tokens)
         if not fe.gone:
             try:
                 fe.channel.send(reply)
