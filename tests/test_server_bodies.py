@@ -197,3 +197,60 @@ def test_tokenize_cap_decision_matches_the_full_count(tiny_embedding_dir, unit):
             assert fits == (n + len(full.encode("x", add_special_tokens=True).ids) <= cap), (unit, reps, n)
     finally:
         tok.close()
+
+
+def _drive(app, body: bytes) -> tuple[int, int, bytes]:
+    """One POST through ``app`` by direct ASGI calls: (status, receive calls before the answer, body)."""
+    import asyncio
+
+    calls, out = [0], {"status": 0, "body": b""}
+
+    async def receive():
+        calls[0] += 1
+        if calls[0] == 1:
+            return {"type": "http.request", "body": body, "more_body": False}
+        await asyncio.Event().wait()  # the client stays: only a disconnect watcher would wait here
+
+    async def send(message):
+        if message["type"] == "http.response.start":
+            out["status"] = message["status"]
+        elif message["type"] == "http.response.body":
+            out["body"] += message.get("body", b"")
+
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": "/parse", "raw_path": b"/parse", "query_string": b"", "root_path": "",
+             "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2)}
+    asyncio.run(app(scope, receive, send))
+    return out["status"], calls[0], out["body"]
+
+
+def test_the_route_parses_the_body_the_front_door_read_without_receiving_it_again():
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from server.http.bodies import parse_body
+    from server.http.front_door import FrontDoor
+
+    async def parse(request):
+        body = await parse_body(request, OpenAIEmbeddingRequest, max_items=8)
+        return Response(repr(body.input).encode())
+
+    routes = Starlette(routes=[Route("/parse", parse, methods=["POST"])])
+    received = []  # the messages the route's app asked for
+
+    async def inner(scope, receive, send):
+        async def counted():
+            message = await receive()
+            received.append(message["type"])
+            return message
+
+        await routes(scope, counted, send)
+
+    raw = b'{"input": ["a", "b"], "model": "m"}'
+    assert _drive(inner, raw) == (200, 1, b"['a', 'b']") and received == ["http.request"]  # a bare app reads it
+    received.clear()
+    wrapped = FrontDoor(inner, payload_limit=1 << 20, api_key=None)
+    assert _drive(wrapped, raw) == (200, 1, b"['a', 'b']")
+    assert received == []  # the front door's one read serves the route's parse

@@ -103,6 +103,9 @@ else:  # pragma: no cover - Python 3.10
         return await asyncio.wait_for(awaitable, max(0.0, deadline - asyncio.get_running_loop().time()))
 
 
+BODY_STATE = "radixserve.body"  # the scope state key of the body the front door read whole
+
+
 class FrontDoor:
     """ASGI middleware: request id, API key (401), Content-Type and -Encoding (415), payload limit
     (413) and body read timeout (408), each error in its route's dialect. With
@@ -173,6 +176,7 @@ class FrontDoor:
         body = await self._read_body(receive, send, path)
         if body is None:
             return
+        scope["state"][BODY_STATE] = body  # the routes' parse reads it here (server/http/bodies.py)
         replayed = False
 
         async def replay():
