@@ -235,11 +235,9 @@ class Pipeline:
     def _prepare(self, batch: _Batch) -> bool:
         try:
             input_ids, cu_seqlens = pack(batch.entries)
-            entries = batch.entries
-            mask = (np.fromiter((e.all_tokens for e in entries), dtype=bool, count=len(entries))  # [B]
-                    if any(e.all_tokens for e in entries) else None)
-            spaces = [e.namespace for e in entries]  # [B]
-            batch.prepared = p = self.runner.prepare(input_ids, cu_seqlens, all_tokens=mask,
+            mask = np.fromiter((e.all_tokens for e in batch.entries), dtype=bool, count=len(batch.entries))  # [B]
+            spaces = [e.namespace for e in batch.entries]  # [B]
+            batch.prepared = p = self.runner.prepare(input_ids, cu_seqlens, all_tokens=mask if mask.any() else None,
                                                      namespaces=spaces if any(spaces) else None)
             m = self.metrics
             if m is not None:
