@@ -1,9 +1,10 @@
 """The service awaits the scheduler in the request's own task; a client that leaves cancels it.
 
-``Service._submit`` runs the scheduler's submit in the calling task and watches the connection
-beside it: the client's disconnect cancels the submit (the scheduler drops what is still queued)
-and reads as ``ClientGone``; a cancellation from outside (the server's drain) stays a
-cancellation; the answer comes back as it is, and the watcher ends with the request.
+``Service._submit`` runs the scheduler's submit in the calling task and, once the request has
+waited ``WATCH_AFTER_S``, watches the connection beside it: the client's disconnect cancels the
+submit (the scheduler drops what is still queued) and reads as ``ClientGone``; a cancellation from
+outside (the server's drain) stays a cancellation; the answer comes back as it is, a request
+answered sooner never listens to its connection, and the watcher ends with the request.
 """
 from __future__ import annotations
 
@@ -36,8 +37,10 @@ class FakeScheduler:
             raise
 
 
-def _request(disconnect: asyncio.Event) -> Request:
+def _request(disconnect: asyncio.Event, listening: asyncio.Event | None = None) -> Request:
     async def receive():
+        if listening is not None:
+            listening.set()
         await disconnect.wait()
         return {"type": "http.disconnect"}
 
@@ -53,12 +56,28 @@ def _run(coro):
     return asyncio.run(coro)
 
 
-def test_the_answer_comes_back_and_the_watcher_ends():
+def test_an_answer_at_once_comes_back_without_a_watcher():
     async def main():
-        sched, leave = FakeScheduler(), asyncio.Event()
+        sched, leave, listening = FakeScheduler(), asyncio.Event(), asyncio.Event()
         sched.answer.set_result("outputs")
         before = set(asyncio.all_tasks())
-        got = await Service._submit(_service(sched), _request(leave), [[1, 2]], all_tokens=False)
+        got = await Service._submit(_service(sched), _request(leave, listening), [[1, 2]], all_tokens=False)
+        assert not (set(asyncio.all_tasks()) - before)
+        assert not listening.is_set()  # the connection was never read
+        return got, sched.ended
+
+    assert _run(main()) == ("outputs", [])
+
+
+def test_a_waiting_request_starts_the_watcher_and_it_ends_with_the_answer():
+    async def main():
+        sched, leave, listening = FakeScheduler(), asyncio.Event(), asyncio.Event()
+        before = set(asyncio.all_tasks())
+        task = asyncio.ensure_future(Service._submit(_service(sched), _request(leave, listening), [[1]],
+                                                     all_tokens=False))
+        await listening.wait()  # the request waited WATCH_AFTER_S: its connection is watched
+        sched.answer.set_result("outputs")
+        got = await task
         await asyncio.sleep(0)  # the watcher's cancellation is delivered
         assert not (set(asyncio.all_tasks()) - before - {asyncio.current_task()})
         return got, sched.ended

@@ -43,6 +43,9 @@ log = logging.getLogger("radixserve.server")
 
 Items = list[list[int]]
 TRIM_AFTER_BYTES = 64 << 20  # a request that held this much: its freed memory is handed back after it
+# A request still unanswered this long after its submit watches for its client leaving (a task
+# per request otherwise; the entries of a client gone sooner still run, their answers dropped).
+WATCH_AFTER_S = 0.005
 
 
 @dataclass(frozen=True)
@@ -316,26 +319,33 @@ class Service:
     async def _submit(self, request: Request, items: Items, *, all_tokens: bool) -> SubmitResult:
         """Await the scheduler in this task; cancel the entries when the client goes away first.
 
-        The disconnect watcher cancels this task when the client leaves (the scheduler's submit
-        drops the entries still queued), which reads here as ``ClientGone``; the submit runs in
-        this task rather than one of its own, so the answer reaches the route with one wake-up."""
+        A request still waiting ``WATCH_AFTER_S`` after its submit starts a disconnect watcher,
+        which cancels this task when the client leaves (the scheduler's submit drops the entries
+        still queued); that reads here as ``ClientGone``. The submit runs in this task rather than
+        one of its own, so the answer reaches the route with one wake-up, and a request answered
+        sooner (a lone short input) never makes a watcher: one timer, cancelled, is all it costs."""
         rid = request_id(request)
         task = asyncio.current_task()
         assert task is not None
-        gone = asyncio.ensure_future(_disconnected(request))
+        watcher: asyncio.Future | None = None
         waiting = True
 
-        def leave(_: asyncio.Future) -> None:  # on the loop, once the watcher ended
+        def leave(gone: asyncio.Future) -> None:  # on the loop, once the watcher ended
             if waiting and not gone.cancelled():
                 task.cancel()
 
-        gone.add_done_callback(leave)
+        def watch() -> None:  # on the loop: the request still waits
+            nonlocal watcher
+            watcher = asyncio.ensure_future(_disconnected(request))
+            watcher.add_done_callback(leave)
+
+        timer = asyncio.get_running_loop().call_later(WATCH_AFTER_S, watch)
         try:
             # NOTE: the item lists are fresh (the tokenizer's or check_token_ids'): handed over uncopied.
             return await self.scheduler.submit(items, request_id=rid, all_tokens=all_tokens,
                                                namespace=cache_salt.namespace(request))
         except asyncio.CancelledError:
-            if not gone.done() or gone.cancelled():
+            if watcher is None or not watcher.done() or watcher.cancelled():
                 raise  # cancelled from outside (the server's drain): not this client's leaving
             _uncancel(task)
             raise ClientGone() from None
@@ -347,7 +357,9 @@ class Service:
             raise ApiError("unhealthy", f"the model worker is not available; retry later (request id {rid})") from exc
         finally:
             waiting = False
-            gone.cancel()
+            timer.cancel()
+            if watcher is not None:
+                watcher.cancel()
 
 
 def _uncancel(task: asyncio.Task) -> None:
