@@ -1,5 +1,6 @@
-"""A batch's host data in the runner's layout and back: pack entries into (input_ids, cu_seqlens),
-split the runner's result into one host output per entry.
+"""A batch's host data in the runner's layout and back: pack entries into (input_ids, cu_seqlens)
+and their marks (per-token items, namespaces), split the runner's result into one host output per
+entry.
 
 Invariant: ``split_outputs`` hands each entry its own copy (a Python float for a scalar, float32
 otherwise), and refuses a result whose count is not the batch's.
@@ -28,6 +29,15 @@ def pack(entries: Sequence[Entry]) -> tuple[np.ndarray, np.ndarray]:
     input_ids = np.fromiter(itertools.chain.from_iterable(e.input_ids for e in entries), dtype=np.int32,
                             count=int(cu_seqlens[-1]))
     return input_ids, cu_seqlens
+
+
+def marks(entries: Sequence[Entry]) -> tuple[np.ndarray | None, list[bytes] | None]:
+    """``runner.prepare``'s ``all_tokens`` (bool [B], None when no entry asks for per-token states)
+    and ``namespaces`` ([B], None when every entry shares the cache's common one)."""
+    per_token = any(e.all_tokens for e in entries)  # NOTE: no array and reduce for the common batch
+    mask = np.fromiter((e.all_tokens for e in entries), dtype=bool, count=len(entries)) if per_token else None
+    spaces = [e.namespace for e in entries]  # [B]
+    return mask, spaces if any(spaces) else None
 
 
 def split_outputs(out: Any, n: int) -> list:

@@ -36,14 +36,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
-
 from . import stages
 from .contract import ModelRunner, Prepared
 from .faults import DeviceFault, classify, release_cached_memory
 from .forming import Entry, Former
 from .metrics import Metrics
-from .packing import pack, split_outputs
+from .packing import marks, pack, split_outputs
 from .settling import Ready, Settler
 from .waiting import WaitQueue
 
@@ -235,10 +233,8 @@ class Pipeline:
     def _prepare(self, batch: _Batch) -> bool:
         try:
             input_ids, cu_seqlens = pack(batch.entries)
-            mask = np.fromiter((e.all_tokens for e in batch.entries), dtype=bool, count=len(batch.entries))  # [B]
-            spaces = [e.namespace for e in batch.entries]  # [B]
-            batch.prepared = p = self.runner.prepare(input_ids, cu_seqlens, all_tokens=mask if mask.any() else None,
-                                                     namespaces=spaces if any(spaces) else None)
+            mask, spaces = marks(batch.entries)
+            batch.prepared = p = self.runner.prepare(input_ids, cu_seqlens, all_tokens=mask, namespaces=spaces)
             m = self.metrics
             if m is not None:
                 m.batch_next_size.observe(len(batch.entries))

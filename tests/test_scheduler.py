@@ -18,7 +18,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler import BatchFailed, Scheduler, WorkerDead
 from scheduler.metrics import Metrics
-from scheduler.packing import split_outputs
+from scheduler.forming import Entry
+from scheduler.packing import marks, split_outputs
 
 
 class Boom(BaseException):
@@ -393,3 +394,13 @@ def test_split_outputs():
     assert [r.shape for r in ragged] == [(2, 3), (1, 3)]
     with pytest.raises(RuntimeError):
         split_outputs(torch.zeros(2, 4), 3)
+
+
+def test_marks_are_none_unless_an_entry_needs_them():
+    def entry(all_tokens=False, namespace=b""):
+        return Entry(0, [1, 2], 0.0, all_tokens=all_tokens, namespace=namespace)
+
+    assert marks([entry(), entry()]) == (None, None)
+    mask, spaces = marks([entry(), entry(all_tokens=True), entry(namespace=b"t")])
+    assert mask is not None and mask.dtype == bool and mask.tolist() == [False, True, False]
+    assert spaces == [b"", b"", b"t"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import math
 from typing import Any, AsyncIterator, Callable, Iterable, Iterator, Sequence, TypeVar
 
 import numpy as np
@@ -38,7 +39,7 @@ def dumps(obj: Any) -> bytes:
 
 def _slices(x: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
     """(first row, float64 rows) of ``x`` [R, ...] in slices of ~SLICE_VALUES values, each checked finite."""
-    per_row = max(1, int(np.prod(x.shape[1:])))
+    per_row = max(1, math.prod(x.shape[1:]))  # NOTE: not np.prod, an array and a reduce per call
     step = max(1, SLICE_VALUES // per_row)
     for a in range(0, x.shape[0], step):
         part = np.ascontiguousarray(x[a:a + step], dtype=np.float64)  # [r, ...]
