@@ -43,8 +43,8 @@ log = logging.getLogger("radixserve.server")
 
 Items = list[list[int]]
 TRIM_AFTER_BYTES = 64 << 20  # a request that held this much: its freed memory is handed back after it
-# A request still unanswered this long after its submit watches for its client leaving (a task
-# per request otherwise; the entries of a client gone sooner still run, their answers dropped).
+# A request still unanswered this long after its submit starts watching for its client leaving
+# (a task each; a request answered sooner needs none). A client that left earlier is seen then.
 WATCH_AFTER_S = 0.005
 
 
