@@ -18,8 +18,6 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler import BatchFailed, Scheduler, WorkerDead
 from scheduler.metrics import Metrics
-from scheduler.forming import Entry
-from scheduler.packing import marks, split_outputs
 
 
 class Boom(BaseException):
@@ -384,23 +382,3 @@ def test_ragged_outputs_reach_each_item_whole():
         assert out.dtype == np.float32 and out.shape == (len(item), 2)
         assert out[:, 0].tolist() == item
 
-
-def test_split_outputs():
-    rows = split_outputs(torch.arange(6.0).reshape(3, 2), 3)
-    assert [r.tolist() for r in rows] == [[0, 1], [2, 3], [4, 5]] and rows[0].dtype == np.float32
-    scores = split_outputs(np.array([0.5, -1.0]), 2)
-    assert scores == [0.5, -1.0] and all(isinstance(x, float) for x in scores)
-    ragged = split_outputs([np.zeros((2, 3)), torch.ones(1, 3)], 2)
-    assert [r.shape for r in ragged] == [(2, 3), (1, 3)]
-    with pytest.raises(RuntimeError):
-        split_outputs(torch.zeros(2, 4), 3)
-
-
-def test_marks_are_none_unless_an_entry_needs_them():
-    def entry(all_tokens=False, namespace=b""):
-        return Entry(0, [1, 2], 0.0, all_tokens=all_tokens, namespace=namespace)
-
-    assert marks([entry(), entry()]) == (None, None)
-    mask, spaces = marks([entry(), entry(all_tokens=True), entry(namespace=b"t")])
-    assert mask is not None and mask.dtype == bool and mask.tolist() == [False, True, False]
-    assert spaces == [b"", b"", b"t"]
