@@ -126,10 +126,11 @@ class Runner:
         if len(cu_seqlens) - 1 > MAX_SEQS:
             raise ValueError(f"a batch holds at most {MAX_SEQS} sequences (a CUDA grid dimension), "
                              f"got {len(cu_seqlens) - 1}")
-        mask = np.zeros(0, dtype=bool) if all_tokens is None else np.asarray(all_tokens, dtype=bool)
-        per_token = all_tokens is not None and bool(mask.any())
-        if per_token and mask.shape != (len(cu_seqlens) - 1,):
+        mask = None if all_tokens is None else np.asarray(all_tokens, dtype=bool)
+        mask = mask if mask is not None and mask.any() else None  # None: no item answers per-token states
+        if mask is not None and mask.shape != (len(cu_seqlens) - 1,):
             raise ValueError(f"all_tokens has shape {mask.shape}, the batch {len(cu_seqlens) - 1} sequences")
+        per_token = mask is not None
         index: RadixIndex | None = None
         ratio = 1.0
         # NOTE: one sequence has no shared prefix (N'/N = 1): below threshold 1 the gate would drop it.
@@ -165,7 +166,7 @@ class Runner:
                 # NOTE: the padded layout (host work, then its copies) is built here on the prep
                 # thread; left to its first use it would run in layer 0 on the worker.
                 forward.attn.padded  # noqa: B018 - a cached_property: computed once, now
-            items, rows = self._token_rows(n, cu_seqlens, mask, index) if per_token else ((), None)
+            items, rows = self._token_rows(n, cu_seqlens, mask, index) if mask is not None else ((), None)
         # NOTE: rows actually computed: N' (or N) less the prefix cache's hits.
         return PreparedBatch(forward, n_tokens=n, n_compact=forward.num_rows, ratio=ratio,
                              used_index=index is not None, computed_tokens=forward.computed_tokens,

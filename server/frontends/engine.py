@@ -224,7 +224,8 @@ class Engine:
         fe.tickets.pop(sid, None)
         if future.cancelled():
             return  # the front end cancelled it, or is gone: nobody waits for an answer
-        self._reply(fe, sid, request_id, None if future.exception() else future.result(), future.exception())
+        exc = future.exception()
+        self._reply(fe, sid, request_id, None if exc is not None else future.result(), exc)
 
     def _reply(self, fe: FrontEnd, sid: int, request_id: str | None, result: SubmitResult | None,
                exc: BaseException | None) -> None:
