@@ -14,6 +14,7 @@ tree paths that cannot honour them are refused at load, with the reason logged.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -48,11 +49,12 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], batch: ForwardBatch) -> Tensor:
+        m: dict[str, Any] = self._modules  # NOTE: not attributes: models/families/layers.py's docstring
         if not self.sandwich:  # Gemma: pre-norm, as Llama
-            x = x + self.self_attn(self.input_layernorm(x), rope, batch)
-            return x + self.mlp(self.post_attention_layernorm(x))
-        x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rope, batch))
-        return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+            x = x + m["self_attn"](m["input_layernorm"](x), rope, batch)
+            return x + m["mlp"](m["post_attention_layernorm"](x))
+        x = x + m["post_attention_layernorm"](m["self_attn"](m["input_layernorm"](x), rope, batch))
+        return x + m["post_feedforward_layernorm"](m["mlp"](m["pre_feedforward_layernorm"](x)))
 
 
 class GemmaModel(ScoringModel):
@@ -82,11 +84,12 @@ class GemmaModel(ScoringModel):
         return self.final_cap * torch.tanh(logits / self.final_cap)
 
     def forward(self, input_ids: Tensor, positions: Tensor, batch: ForwardBatch) -> Tensor:
-        x = self.embed_tokens(input_ids)  # [T, E]
+        mods: dict[str, Any] = self._modules  # NOTE: not attributes: models/families/layers.py's docstring
+        x = mods["embed_tokens"](input_ids)  # [T, E]
         # NOTE: the scale is rounded to the activations' dtype first (bf16: 8.0 for hidden 64 stays exact)
         x = x * torch.tensor(self.embed_scale, dtype=x.dtype)
         rope = self.rotary(positions, x.dtype)
-        for layer in self.layers:
+        for layer in mods["layers"]:
             x = layer(x, rope, batch)
         return x  # [T, E]
 

@@ -9,12 +9,17 @@ on the N' compact rows and only attention sees sequences (`RadixAttention.attend
              gathered per owner to its full length (kv_index), causal mask aligned bottom-right.
 With a prefix cache, cached nodes are not rows at all: their K/V come from the pool. A family's
 attention module computes Q, K, V its own way and hands them to `RadixAttention.attend`.
+
+NOTE: the forwards read their submodules and parameters from ``self._modules`` and
+``self._parameters`` rather than as attributes: the same entries (``nn.Module.__setattr__`` keeps
+them current), without a call of ``nn.Module.__getattr__`` (Python, about a microsecond) for each,
+a dozen per layer per forward; the modules are still called, so hooks run.
 """
 from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Iterator
+from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
@@ -67,10 +72,11 @@ class RMSNorm(nn.Module):
         self.offset = offset
 
     def forward(self, x: Tensor) -> Tensor:
+        weight: Tensor = self._parameters["weight"]  # type: ignore[assignment]  # the module's docstring
         if self.offset:  # NOTE: Gemma scales in fp32 and casts after: (x_normed * (1 + w)).to(dtype)
             normed = F.rms_norm(x.float(), (x.shape[-1],), None, self.eps)
-            return (normed * (self.offset + self.weight.float())).to(x.dtype)
-        return rms_norm(x, self.weight, self.eps)
+            return (normed * (self.offset + weight.float())).to(x.dtype)
+        return rms_norm(x, weight, self.eps)
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -193,7 +199,8 @@ class Attention(nn.Module):
         launch each on a GPU); built again when either parameter is replaced, moved or written
         in place (its version counter), and never cached while autograd tracks the weights.
         """
-        qw, kw = self.q_norm.weight, self.k_norm.weight
+        mods: dict[str, Any] = self._modules
+        qw, kw = mods["q_norm"]._parameters["weight"], mods["k_norm"]._parameters["weight"]
         if torch.is_grad_enabled() and (qw.requires_grad or kw.requires_grad):
             return torch.cat((qw.expand(self.heads, -1), kw.expand(self.kv_heads, -1)))
         key = (qw.data_ptr(), kw.data_ptr(), qw.dtype, qw.device, qw._version, kw._version)
@@ -204,14 +211,15 @@ class Attention(nn.Module):
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], batch: ForwardBatch) -> Tensor:
         t, h = x.shape[0], self.heads
-        qkv = self.qkv_proj(x).view(t, h + 2 * self.kv_heads, self.head_dim)  # [T, H+2Hkv, D]
+        mods: dict[str, Any] = self._modules
+        qkv = mods["qkv_proj"](x).view(t, h + 2 * self.kv_heads, self.head_dim)  # [T, H+2Hkv, D]
         qk, v = qkv[:, :h + self.kv_heads], qkv[:, h + self.kv_heads:]  # views [T, H+Hkv, D], [T, Hkv, D]
         if self.qk_norm:  # q and k normalised together: one norm, per-head weights [H+Hkv, D]
-            qk = rms_norm(qk, self.qk_norm_weight(), self.q_norm.eps)
+            qk = rms_norm(qk, self.qk_norm_weight(), mods["q_norm"].eps)
         qk = apply_rotary(qk, *rope)  # [T, H+Hkv, D], q and k rotated together
         q, k = qk[:, :h], qk[:, h:]  # row-strided views; the gathers and backends take them
         o = self.attend(q, k, v, batch)  # [T, H, D]
-        return self.o_proj(o.reshape(t, self.heads * self.head_dim))  # [T, E]
+        return mods["o_proj"](o.reshape(t, self.heads * self.head_dim))  # [T, E]
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, batch: ForwardBatch) -> Tensor:
         return self.radix.attend(q, k, v, batch)
@@ -231,6 +239,7 @@ class MLP(nn.Module):
         self.gelu = cfg.hidden_act == "gelu_tanh"
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.gate_up_proj(x).split(self.intermediate, dim=-1)  # [T, I] views
+        mods: dict[str, Any] = self._modules
+        gate, up = mods["gate_up_proj"](x).split(self.intermediate, dim=-1)  # [T, I] views
         act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        return self.down_proj(act * up)
+        return mods["down_proj"](act * up)

@@ -7,6 +7,8 @@ checkpoint's, so loading is a name walk (models/checkpoint/loader.py); the lm_he
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -30,8 +32,9 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(cfg)
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor], batch: ForwardBatch) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, batch)
-        return x + self.mlp(self.post_attention_layernorm(x))
+        mods: dict[str, Any] = self._modules  # NOTE: not attributes: models/families/layers.py's docstring
+        x = x + mods["self_attn"](mods["input_layernorm"](x), rope, batch)
+        return x + mods["mlp"](mods["post_attention_layernorm"](x))
 
 
 class Qwen3Model(ScoringModel):
@@ -58,9 +61,10 @@ class Qwen3Model(ScoringModel):
         return self.norm(x)
 
     def forward(self, input_ids: Tensor, positions: Tensor, batch: ForwardBatch) -> Tensor:
-        x = self.embed_tokens(input_ids)  # [T, E]
+        mods: dict[str, Any] = self._modules  # NOTE: not attributes: models/families/layers.py's docstring
+        x = mods["embed_tokens"](input_ids)  # [T, E]
         rope = self.rotary(positions, x.dtype)
-        for layer in self.layers:
+        for layer in mods["layers"]:
             x = layer(x, rope, batch)
         return x  # [T, E]
 

@@ -26,6 +26,8 @@ Contract:
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -48,14 +50,20 @@ class Linear(nn.Linear):
         return (self.packed is not None or self.kernel is not None) and self.weight.numel() == 0
 
     def forward(self, x: Tensor) -> Tensor:
+        # NOTE: the parameters read from ``_parameters``, not as ``self.weight``: the same entries
+        # (``nn.Module.__setattr__`` keeps them), without ``Module.__getattr__``'s Python call,
+        # paid by every linear of every layer of every forward.
         packed, kernel = self.packed, self.kernel
-        if (packed is None and kernel is None) or torch.is_grad_enabled() or x.dim() != 2 \
-                or x.shape[0] == 0 or x.dtype != torch.float32 or x.device.type != "cpu":
-            return F.linear(x, self.dense_weight(), self.bias)
+        params: dict[str, Any] = self._parameters
+        if packed is None and kernel is None:
+            return F.linear(x, params["weight"], params["bias"])
+        if torch.is_grad_enabled() or x.dim() != 2 or x.shape[0] == 0 or x.dtype != torch.float32 \
+                or not x.is_cpu:
+            return F.linear(x, self.dense_weight(), params["bias"])
         if kernel is not None:
             return kernel(x.contiguous())
         assert packed is not None
-        return _packed_linear(x.contiguous(), packed, self.bias)
+        return _packed_linear(x.contiguous(), packed, params["bias"])
 
     def dense_weight(self) -> Tensor:
         """[out, in]: the weight itself, or rebuilt from the packed (or kernel's) copy once dropped."""
