@@ -12,8 +12,9 @@ everything else, prefix cache and trie included, is real), ``real`` keeps it. ``
 server from that checkout instead (a before/after comparison; stages are stamped only where that
 checkout has ``scheduler/stages.py``). ``--target NAME=URL`` adds a server already running (a peer
 such as Infinity: totals only). One keep-alive connection per server on a raw socket; in each round
-every server answers ``GET /health`` then one embedding request, the servers taking turns in a
-rotating order, so the machine's load falls on all of them alike.
+every server answers ``GET /health`` then one embedding request, the servers taking turns in an
+order shuffled afresh each round (``--seed``), so the machine's load, and what ran just before,
+fall on all of them alike.
 
 Stage stamps come from ``scheduler/stages.py`` (a recorder the child installs; off in the
 product): loop (client send -> front door), tokenization, admit (queued), batch formed, prep
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import socket
 import statistics
 import subprocess
@@ -185,7 +187,19 @@ def exchange(sock: socket.socket, method: str, path: str, body: bytes = b"", rid
     return t0, time.perf_counter()
 
 
-def run(arms: list[Arm], *, requests: int, route: str, model: str | None, warmup: int = 50) -> list[dict]:
+def round_orders(n: int, rounds: int, seed: int = 0) -> list[list[int]]:
+    """The servers' order in each round: a fresh shuffle per round (seeded, so a run repeats).
+
+    What ran just before a request shapes its time (the caches it left, the CPU's state: a
+    server after Infinity's turn pays more than one after a zero-cost turn), so no server may
+    always follow the same one; a fixed rotation made each arm's predecessor fixed, and two arms
+    of one code differed by 0.1 ms."""
+    rng = random.Random(seed)
+    return [rng.sample(range(n), n) for _ in range(rounds)]
+
+
+def run(arms: list[Arm], *, requests: int, route: str, model: str | None, warmup: int = 50,
+        seed: int = 0) -> list[dict]:
     """The rounds (``warmup`` unrecorded first), then one row per server."""
     path = ONE_INPUT_ROUTES[route]
     payload: dict = {"inputs": ONE_INPUT} if route == "embed" else {"input": ONE_INPUT}
@@ -197,8 +211,9 @@ def run(arms: list[Arm], *, requests: int, route: str, model: str | None, warmup
         u = urlsplit(arm.url)
         socks[arm.name] = s = socket.create_connection((u.hostname, u.port or 80))
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    for i in range(warmup + requests):
-        for arm in arms[i % len(arms):] + arms[: i % len(arms)]:
+    orders = round_orders(len(arms), warmup + requests, seed)
+    for i, order in enumerate(orders):
+        for arm in (arms[j] for j in order):
             s = socks[arm.name]
             h0, h1 = exchange(s, "GET", "/health")
             rid = f"lat{i}"
@@ -263,6 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="the body's model name (openai route)")
     ap.add_argument("--served-model-name", default=None, help="passed to every arm's server")
     ap.add_argument("--log-dir", default=None, help="the servers' logs go to DIR/NAME.log (default: dropped)")
+    ap.add_argument("--seed", type=int, default=0, help="the rounds' shuffled orders")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     import fixtures
@@ -282,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
                 arm.start(model, free_port(), extra, a.log_dir)
         for arm in arms:
             arm.wait()
-        rows = run(arms, requests=a.requests, route=a.route, model=a.model, warmup=a.warmup)
+        rows = run(arms, requests=a.requests, route=a.route, model=a.model, warmup=a.warmup, seed=a.seed)
     finally:
         for arm in arms:
             arm.stop()
