@@ -193,7 +193,7 @@ def round_orders(n: int, rounds: int, seed: int = 0) -> list[list[int]]:
     What ran just before a request shapes its time (the caches it left, the CPU's state: a
     server after Infinity's turn pays more than one after a zero-cost turn), so no server may
     always follow the same one; a fixed rotation made each arm's predecessor fixed, and two arms
-    of one code differed by 0.1 ms."""
+    of one code differed by 0.08 ms."""
     rng = random.Random(seed)
     return [rng.sample(range(n), n) for _ in range(rounds)]
 

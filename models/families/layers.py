@@ -13,7 +13,7 @@ attention module computes Q, K, V its own way and hands them to `RadixAttention.
 NOTE: the forwards read their submodules and parameters from ``self._modules`` and
 ``self._parameters`` rather than as attributes: the same entries (``nn.Module.__setattr__`` keeps
 them current), without a call of ``nn.Module.__getattr__`` (Python, about a microsecond) for each,
-a dozen per layer per forward; the modules are still called, so hooks run.
+some twenty per layer per forward; the modules are still called, so hooks run.
 """
 from __future__ import annotations
 
