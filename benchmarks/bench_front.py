@@ -33,6 +33,7 @@ import httpx
 import numpy as np
 
 from benchmarks.forward_rate import forward_rate
+from loadtest.alternate import turn_order
 
 
 def _quantile(values: list[float], q: float) -> float:
@@ -295,7 +296,8 @@ ONE_INPUT_ROUTES = {"embed": "/embed", "openai": "/v1/embeddings"}
 def one_input(urls: dict[str, str], *, requests: int = 1000, route: str = "embed",
               model: str | None = None) -> list[dict]:
     """c1 keep-alive latency of a one-input embedding request and of /health per server, alternating
-    request by request (the first server rotating), over raw sockets."""
+    request by request (in a shuffled order each round: loadtest.alternate.turn_order), over raw
+    sockets."""
     import socket
     from urllib.parse import urlsplit
 
@@ -312,7 +314,7 @@ def one_input(urls: dict[str, str], *, requests: int = 1000, route: str = "embed
     got: dict[str, dict[str, list[float]]] = {n: {"embed": [], "health": []} for n in urls}
     names = list(urls)
     for i in range(requests):
-        for name in names[i % len(names):] + names[: i % len(names)]:
+        for name in (names[k] for k in turn_order(i, len(names))):
             got[name]["health"].append(_http(socks[name], "GET", "/health")[0])
             got[name]["embed"].append(_http(socks[name], "POST", path, body)[0])
     for s in socks.values():

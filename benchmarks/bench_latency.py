@@ -13,7 +13,7 @@ server from that checkout instead (a before/after comparison; stages are stamped
 checkout has ``scheduler/stages.py``). ``--target NAME=URL`` adds a server already running (a peer
 such as Infinity: totals only). One keep-alive connection per server on a raw socket; in each round
 every server answers ``GET /health`` then one embedding request, the servers taking turns in an
-order shuffled afresh each round (``--seed``), so the machine's load, and what ran just before,
+order shuffled afresh each round (``loadtest.alternate.turn_order``, ``--seed``), so the machine's load, and what ran just before,
 fall on all of them alike.
 
 Stage stamps come from ``scheduler/stages.py`` (a recorder the child installs; off in the
@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import socket
 import statistics
 import subprocess
@@ -40,6 +39,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from benchmarks.bench_front import ONE_INPUT, ONE_INPUT_ROUTES, _quantile
+from loadtest.alternate import turn_order
 
 PREFIX = "BENCHLATENCY "  # the child's answers on stdout carry it (logs go to stderr)
 STEPS = ("loop", "tokenization", "admit", "batch formed", "prep", "forward", "settle", "response written",
@@ -187,17 +187,6 @@ def exchange(sock: socket.socket, method: str, path: str, body: bytes = b"", rid
     return t0, time.perf_counter()
 
 
-def round_orders(n: int, rounds: int, seed: int = 0) -> list[list[int]]:
-    """The servers' order in each round: a fresh shuffle per round (seeded, so a run repeats).
-
-    What ran just before a request shapes its time (the caches it left, the CPU's state: a
-    server after Infinity's turn pays more than one after a zero-cost turn), so no server may
-    always follow the same one; a fixed rotation made each arm's predecessor fixed, and two arms
-    of one code differed by 0.08 ms."""
-    rng = random.Random(seed)
-    return [rng.sample(range(n), n) for _ in range(rounds)]
-
-
 def run(arms: list[Arm], *, requests: int, route: str, model: str | None, warmup: int = 50,
         seed: int = 0) -> list[dict]:
     """The rounds (``warmup`` unrecorded first), then one row per server."""
@@ -211,9 +200,8 @@ def run(arms: list[Arm], *, requests: int, route: str, model: str | None, warmup
         u = urlsplit(arm.url)
         socks[arm.name] = s = socket.create_connection((u.hostname, u.port or 80))
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    orders = round_orders(len(arms), warmup + requests, seed)
-    for i, order in enumerate(orders):
-        for arm in (arms[j] for j in order):
+    for i in range(warmup + requests):
+        for arm in (arms[k] for k in turn_order(i, len(arms), seed)):
             s = socks[arm.name]
             h0, h1 = exchange(s, "GET", "/health")
             rid = f"lat{i}"

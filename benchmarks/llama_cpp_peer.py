@@ -11,7 +11,7 @@ per `--gguf NAME=PATH` (`llama-server --embedding --pooling last -t THREADS -np 
 1. **Checks**: on a few texts of each load, each llama-server's token ids (/tokenize) against
    ours, and every arm's /v1/embeddings against the first `--ours` arm (fp32 weights) as cosines.
 2. **Loads** (`--loads`), each through loadtest.alternate (concurrency 1, the arms taking turns
-   request by request, who goes first rotating), warm-up requests unmeasured and never repeated:
+   request by request, in a shuffled order each round), warm-up requests unmeasured and never repeated:
    - `template`: `--items` Qwen3-Reranker pairs per /v1/embeddings request (loadtest's
      `embed-template`: system prompt, instruction and query shared across a query's pairs);
    - `documents`: `--items` unrelated passages per request (loadtest's `embed`: nothing shared);

@@ -5,8 +5,8 @@ shared or noisy host a slow spell lands on one of them and moves the ratio by mo
 difference being measured (two sequential runs of one pair of configurations can differ by more
 than 10%). At concurrency 1 exactly one request is in flight
 anywhere, so the targets can take turns at no cost to fairness: request i goes to every target
-before request i+1 goes to any, and the target that goes first rotates each round. A slow spell
-then hits all targets alike. Every target sees the same requests in the same order, so its own
+before request i+1 goes to any, in an order shuffled afresh each round (``turn_order``). A slow
+spell then hits all targets alike, and so does what ran just before a request. Every target sees the same requests in the same order, so its own
 state (a prefix cache, a warm allocator) evolves as it would in a run of its own.
 
 Each target has its own connection, warm-up and /metrics deltas. A target's wall time is the sum
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 
 import httpx
@@ -30,9 +31,14 @@ from loadtest.client import (Progress, RunConfig, RunResult, check_url, measured
 from loadtest.workloads import Request
 
 
-def rotation(round_index: int, n: int) -> list[int]:
-    """Target order in round `round_index`: starting at round_index mod n, wrapping around."""
-    return [(round_index + k) % n for k in range(n)]
+def turn_order(round_index: int, n: int, seed: int = 0) -> list[int]:
+    """Target order in round `round_index`: a shuffle of range(n), the same for the same seed and round.
+
+    What ran just before a request shapes its time (the caches and the CPU state the previous
+    target left), so no target may always follow the same one: with a fixed rotation each target's
+    predecessor was fixed, and of three or more targets two running the same code measured apart
+    (docs/performance/latency.md, "The instrument")."""
+    return random.Random(f"{seed}:{round_index}").sample(range(n), n)
 
 
 async def run_async(requests: list[Request], cfg: RunConfig, urls: list[str]) -> list[RunResult]:
@@ -57,7 +63,7 @@ async def run_async(requests: list[Request], cfg: RunConfig, urls: list[str]) ->
         clients = [await stack.enter_async_context(httpx.AsyncClient(timeout=cfg.timeout, limits=one,
                                                                      headers=headers)) for _ in urls]
         for i, warm in enumerate(warmup_requests(requests, cfg)):  # none of them is measured
-            for k in rotation(i, len(urls)):
+            for k in turn_order(i, len(urls)):
                 await send(clients[k], urls[k], warm)
         before = [await scrape_metrics(c, u) for c, u in zip(clients, urls)]
         progress = Progress(cfg.progress, total=limit, duration=cfg.duration)
@@ -68,7 +74,7 @@ async def run_async(requests: list[Request], cfg: RunConfig, urls: list[str]) ->
         try:
             while (limit is None or i < limit) and (deadline is None or time.perf_counter() < deadline):
                 req = measured[i % len(measured)]
-                for k in rotation(cfg.warmup + i, len(urls)):  # warm-up rounds came first
+                for k in turn_order(cfg.warmup + i, len(urls)):  # warm-up rounds came first
                     results[k].sent += 1
                     status, seconds = await send(clients[k], urls[k], req)
                     busy[k] += seconds

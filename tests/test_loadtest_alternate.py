@@ -6,6 +6,7 @@ across targets; then the real radixserve, two servers up at once (prefix cache o
 the tiny embedding fixture."""
 from __future__ import annotations
 
+import collections
 import json
 import threading
 
@@ -40,8 +41,19 @@ def _requests() -> list[workloads.Request]:
     return workloads.build_requests(datasets.synthetic(40, seed=3), "embed-query")
 
 
-def test_rotation_starts_each_round_one_target_later():
-    assert [alternate.rotation(i, 3) for i in range(4)] == [[0, 1, 2], [1, 2, 0], [2, 0, 1], [0, 1, 2]]
+def test_no_target_always_follows_the_same_one():
+    n = 7  # the latency targets' command: six arms and Infinity
+    orders = [alternate.turn_order(i, n) for i in range(350)]
+    assert all(sorted(order) == list(range(n)) for order in orders)  # every target once a round
+    assert orders == [alternate.turn_order(i, n) for i in range(350)]  # a seed repeats a run
+    assert orders != [alternate.turn_order(i, n, seed=1) for i in range(350)]
+    turns = [k for order in orders for k in order]
+    before: dict[int, collections.Counter] = {k: collections.Counter() for k in range(n)}
+    for prev, k in zip(turns, turns[1:]):
+        before[k][prev] += 1
+    for k, counts in before.items():
+        assert set(range(n)) - {k} <= set(counts), k  # every other target ran just before it
+        assert max(counts.values()) < 0.3 * sum(counts.values()), (k, counts)  # none most of the time
 
 
 def test_targets_take_turns_on_the_same_requests(two_servers):
@@ -54,8 +66,8 @@ def test_targets_take_turns_on_the_same_requests(two_servers):
     # the warm-up sends the list's first requests, marked; the measured rounds start from its head
     inputs = [tuple(workloads.marked(reqs[i]).body["inputs"]) for i in range(warmup)]
     inputs += [tuple(reqs[i].body["inputs"]) for i in range(n)]
-    # Round i sends request i to both targets, the first target rotating: a b, b a, a b, ...
-    want = [(("a", "b") if i % 2 == 0 else ("b", "a"))[k] for i in range(warmup + n) for k in range(2)]
+    # Round i sends request i to both targets, in that round's order
+    want = [("a", "b")[k] for i in range(warmup + n) for k in alternate.turn_order(i, 2)]
     assert [name for name, _ in log] == want
     assert [x for _, x in log] == [x for x in inputs for _ in range(2)]
     for res in (res_a, res_b):

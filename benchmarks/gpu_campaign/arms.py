@@ -2,8 +2,8 @@
 taking turns between them in short slices, so a slow spell of the host or the device lands on
 every arm alike and each ratio comes from one run.
 
-Round r gives each arm `s.slice_s` seconds of load at the campaign's concurrency, the arm that
-goes first rotating each round (loadtest.alternate.rotation); `s.rounds` rounds. Each arm replays
+Round r gives each arm `s.slice_s` seconds of load at the campaign's concurrency, in an order
+shuffled afresh each round (loadtest.alternate.turn_order); `s.rounds` rounds. Each arm replays
 the same request list from its start and goes on where its previous slice stopped, so it never
 sees a request twice (its prefix cache answers nothing from an earlier slice) and every arm sees
 the same requests in the same order. The warm-up is the first slice's first `s.warmup` requests,
@@ -21,7 +21,7 @@ from pathlib import Path
 from benchmarks.gpu_campaign import e2e, plan
 from benchmarks.gpu_campaign.gpu_busy import BusySampler
 from loadtest import client, report, scrape
-from loadtest.alternate import rotation
+from loadtest.alternate import turn_order
 
 
 def merge(results: list[client.RunResult]) -> client.RunResult:
@@ -76,7 +76,7 @@ def side_by_side(s: plan.Sizes, model_dir: Path, *, arms: list[str], logs: Path,
             # a round is started only when all its slices fit before the scrape and the servers' stop
             if r and time.time() + len(arms) * (s.slice_s + 2.0) > deadline_at - 15.0:
                 break
-            for k in rotation(r, len(arms)):
+            for k in turn_order(r, len(arms)):
                 arm = arms[k]
                 first = offset[arm] == 0
                 part = reqs[offset[arm]:]
