@@ -6,8 +6,9 @@ difference being measured (two sequential runs of one pair of configurations can
 than 10%). At concurrency 1 exactly one request is in flight
 anywhere, so the targets can take turns at no cost to fairness: request i goes to every target
 before request i+1 goes to any, in an order shuffled afresh each round (``turn_order``). A slow
-spell then hits all targets alike, and so does what ran just before a request. Every target sees the same requests in the same order, so its own
-state (a prefix cache, a warm allocator) evolves as it would in a run of its own.
+spell then hits all targets alike, and so does what ran just before a request. Every target sees
+the same requests in the same order, so its own state (a prefix cache, a warm allocator) evolves
+as it would in a run of its own.
 
 Each target has its own connection, warm-up and /metrics deltas. A target's wall time is the sum
 of its own requests' times (closed loop at concurrency 1: what it would take alone), so its
