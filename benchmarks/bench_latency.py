@@ -13,8 +13,8 @@ server from that checkout instead (a before/after comparison; stages are stamped
 checkout has ``scheduler/stages.py``). ``--target NAME=URL`` adds a server already running (a peer
 such as Infinity: totals only). One keep-alive connection per server on a raw socket; in each round
 every server answers ``GET /health`` then one embedding request, the servers taking turns in an
-order shuffled afresh each round (``loadtest.alternate.turn_order``, ``--seed``), so the machine's load, and what ran just before,
-fall on all of them alike.
+order shuffled afresh each round (``loadtest.alternate.turn_order``, ``--seed``), so the machine's
+load, and what ran just before, fall on all of them alike.
 
 Stage stamps come from ``scheduler/stages.py`` (a recorder the child installs; off in the
 product): loop (client send -> front door), tokenization, admit (queued), batch formed, prep
