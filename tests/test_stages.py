@@ -53,4 +53,3 @@ def test_stages_are_ordered_and_sum_to_the_whole(tiny_embedding_dir, stamp_log, 
 
 def test_durations_need_every_stage():
     assert stages.durations({"received": 1.0}, 0.0, 2.0) is None
-
