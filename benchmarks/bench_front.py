@@ -33,6 +33,7 @@ import httpx
 import numpy as np
 
 from benchmarks.forward_rate import forward_rate
+from loadtest import machine
 from loadtest.alternate import turn_order
 
 
@@ -354,9 +355,11 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(forward_rate(a.model_dir, queries=a.queries, threshold=a.radix_mlp_threshold,
                                       cache=a.prefix_cache_size)))
     elif a.cmd == "one-input":
+        host = machine.current()
         for row in one_input(dict(t.split("=", 1) for t in a.target), requests=a.requests, route=a.route,
                              model=a.model):
             print(json.dumps(row))
+        print(json.dumps({"machine": machine.finish(host)}))
     elif a.cmd == "hops":
         for row in hops(preset=a.preset, reps=a.reps):
             print(json.dumps(row))

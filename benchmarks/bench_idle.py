@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from loadtest import machine
+
 
 def python_unit() -> int:
     x = 0
@@ -115,8 +117,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for n in (int(t) for t in args.threads.split(",")):
             units.append((f"{what} prepare + run, {n} thread{'s' if n > 1 else ''}", model, n))
+    host = machine.current()  # before the spinners: the load the machine had of its own
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.busy)]
     try:
+        print(f"machine: {machine.line(host)}; {args.busy} busy process(es) beside it\n")
         print("| unit | idle gap before it, ms | p50 us | p90 us | p50 / hot p50 |")
         print("|---|---|---|---|---|")
         for name, unit, threads in units:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
 from benchmarks.bench_front import ONE_INPUT, ONE_INPUT_ROUTES, _quantile
+from loadtest import machine
 from loadtest.alternate import turn_order
 
 PREFIX = "BENCHLATENCY "  # the child's answers on stdout carry it (logs go to stderr)
@@ -280,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     extra = ["--served-model-name", a.served_model_name] if a.served_model_name else []
     if a.log_dir:
         os.makedirs(a.log_dir, exist_ok=True)
+    host = machine.current()
     try:
         for arm in arms:
             if not arm.url:
@@ -290,11 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for arm in arms:
             arm.stop()
-    load = os.getloadavg()
+    load, host = os.getloadavg(), machine.finish(host)
     if a.json:
-        print(json.dumps({"load": load, "rows": rows}, indent=1))
+        print(json.dumps({"load": load, "machine": host, "rows": rows}, indent=1))
     else:
-        print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; {a.requests} rounds")
+        print(f"{machine.line(host)}; {a.requests} rounds")
         print(table(rows))
     return 0
 

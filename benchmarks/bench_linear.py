@@ -24,6 +24,7 @@ import time
 import numpy as np
 import torch
 
+from loadtest import machine
 from models.batch import build_forward_batch
 from models.linear.packed import pack_linears, unpack_linears
 from models.runner import Runner, load_runner
@@ -176,6 +177,7 @@ def main(argv=None) -> int:
 
         model_dir = str(fixtures.cached(args.preset, layers=args.layers, root=args.fixture_root))
     runner = load_runner(model_dir, device="cpu", dtype="float32", prefix_cache_size=0)
+    print(f"# machine: {machine.line(machine.current())}")
     if args.weights:
         return _weights_main(runner, args, model_dir)
     if args.profile:

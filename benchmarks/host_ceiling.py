@@ -47,6 +47,7 @@ from dataclasses import dataclass
 
 from benchmarks.host_child import GROUPS, PREFIX, TICK_S, group_of, serve_child
 from benchmarks.paired_rounds import paired, paired_table
+from loadtest import machine
 
 
 @dataclass(frozen=True)
@@ -311,14 +312,16 @@ def main(argv: list[str] | None = None) -> int:
     from server.config import ServerConfig
 
     caches = [ServerConfig.prefix_cache_size if c == "default" else c for c in a.cache]
+    host = machine.current()
     rows = host_ceiling(a.loads, caches, rounds=a.rounds, duration=None if a.requests else a.duration,
                         requests=a.requests, concurrency=a.concurrency, queries=a.queries,
                         extra=a.server_arg, log=a.log, api_servers=tuple(a.api_servers),
                         checkouts=checkouts)
-    pairs = paired(rows)
+    pairs, host = paired(rows), machine.finish(host)
     if a.json:
-        print("\n".join(json.dumps(r) for r in [*rows, *pairs]))
+        print("\n".join(json.dumps(r) for r in [*rows, *pairs, {"machine": host}]))
     else:
+        print(f"machine: {machine.line(host)}")
         print(table(rows))
         if pairs:
             print(paired_table(pairs))

@@ -37,13 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import llama_cpp_check as check
-from loadtest import alternate, client, compare, datasets, report, workloads
+from loadtest import alternate, client, compare, datasets, machine, report, workloads
 
 LOADS = ("template", "documents", "query")
 DEFAULT_OURS = ("compact=", "bf16=--cpu-weights bf16", "int8=--cpu-weights int8")
 DEFAULT_REQUESTS = {"template": 3, "documents": 3, "query": 20}
 CHECK_TEXTS_PER_LOAD = 2
-CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
 
 
 @dataclass(frozen=True)
@@ -147,20 +146,6 @@ def markdown_table(rows: list[dict], llama_names: list[str]) -> str:
     return "\n".join(lines)
 
 
-def machine() -> dict:
-    """The CPU's model and the SIMD flags that decide the kernels, and the load average now."""
-    model, flags = "", set[str]()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() == "model name" and not model:
-                model = value.strip()
-            elif key.strip() == "flags" and not flags:
-                flags = set(value.split())
-    return {"cpu": model, "cores": os.cpu_count(), "flags": [f for f in CPU_FLAGS if f in flags],
-            "uptime": uptime()}
-
-
 def uptime() -> str:
     try:
         return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
@@ -209,7 +194,7 @@ def run(args: argparse.Namespace, urls: dict[str, str] | None = None) -> dict:
     dataset = datasets.synthetic(args.queries, seed=args.seed)
     plans = {ld: load_requests(ld, dataset, items=args.items, count=args.warmup + counts[ld]) for ld in args.loads}
     doc: dict = {"command": shlex.join([sys.executable, "-m", "benchmarks.llama_cpp_peer", *sys.argv[1:]]),
-                 "machine": machine(), "items": args.items, "arms": {a.name: list(a.argv) for a in arms},
+                 "machine": machine.current(), "items": args.items, "arms": {a.name: list(a.argv) for a in arms},
                  "loads": {}}
     with contextlib.ExitStack() as stack:
         if urls is None:
@@ -230,8 +215,8 @@ def run(args: argparse.Namespace, urls: dict[str, str] | None = None) -> dict:
             print(f"\n### {ld}: {counts[ld]} requests of {reqs[0].items} items, alternating\n")
             print(markdown_table(rows, llama_names), flush=True)
         doc["uptime_after"] = uptime()
-    print(f"\nbefore: {doc['uptime_before']}\nafter:  {doc['uptime_after']}\nCPU: {doc['machine']['cpu']} "
-          f"({doc['machine']['cores']} cores; {' '.join(doc['machine']['flags'])})")
+    doc["machine"] = machine.finish(doc["machine"])
+    print(f"\nbefore: {doc['uptime_before']}\nafter:  {doc['uptime_after']}\nmachine: {machine.line(doc['machine'])}")
     if args.json:
         Path(args.json).write_text(json.dumps(doc, indent=2) + "\n")
     return doc

@@ -20,7 +20,7 @@ import sys
 import threading
 from pathlib import Path
 
-from loadtest import datasets, documents, needs, report, workloads
+from loadtest import datasets, documents, machine, needs, report, workloads
 from loadtest.client import RunConfig, TargetDown
 
 
@@ -248,8 +248,9 @@ def cmd_run(a) -> int:
 
     client.probe(a.url)  # a dead URL fails here, not as a run of connection errors
     ds, reqs = _load(a)
+    host = machine.current()
     res = client.run(reqs, _run_config(a, a.url, ds))
-    s = report.summarize(res, name=a.name or a.url, meta=_meta(a, ds, url=a.url))
+    s = report.summarize(res, name=a.name or a.url, meta=_meta(a, ds, url=a.url, machine=machine.finish(host)))
     for line in report.repeat_warnings([s]):
         _warn(line)
     _emit([s], a, title=f"radixserve load test: {a.workload}")
@@ -269,11 +270,12 @@ def cmd_compare(a) -> int:
             client.probe(t.url)
     ds, reqs = _load(a)
     log_dir = Path(a.out) if a.out else Path(".")
+    host = machine.current()
     results = compare.run_targets(
         targets, reqs, _run_config(a, "http://127.0.0.1", ds), model_id=a.model_id, server_cmd=a.server_cmd,
         log_dir=log_dir, startup_timeout=a.startup_timeout, ports=a.ports, alternate=a.alternate,
     )
-    runs = {"alternate": True} if a.alternate else {}
+    runs = {"machine": machine.finish(host), **({"alternate": True} if a.alternate else {})}
     summaries = [
         report.summarize(res, name=t.name, meta=_meta(a, ds, **runs, target=t.url or " ".join(
             (["@baseline"] if t.baseline else []) + list(t.flags))))

@@ -11,6 +11,7 @@ import json
 import math
 from pathlib import Path
 
+from loadtest import machine
 from loadtest.client import RunResult
 
 
@@ -113,6 +114,8 @@ def markdown(summaries: list[dict], *, title: str = "radixserve load test") -> s
     for key in ("workload", "source", "order", "concurrency", "batch_size", "chunking", "requests", "duration"):
         if key in first and first[key] is not None:
             lines.append(f"- {key}: {first[key]}")
+    if first.get("machine"):
+        lines.append(f"- machine: {machine.line(first['machine'])}")
     lines += [
         "",
         "| target | ok | errors | req/s | items/s | tokens/s | p50 ms | p90 ms | p99 ms | mean ms | ratio N'/N |",

@@ -25,7 +25,7 @@ import pytest
 
 from benchmarks import llama_cpp_check as check
 from benchmarks import llama_cpp_peer as peer
-from loadtest import datasets, workloads
+from loadtest import datasets, machine, workloads
 
 STUB = r'''
 """llama-server's command line and routes; embeddings drawn from each text's hash."""
@@ -213,6 +213,8 @@ def test_a_whole_run_prints_every_arm_and_its_ratios(servers, stub, tiny_embeddi
                 assert r[f"p50_vs_{ln}"] == pytest.approx(r["p50_ms"] / rows[ln]["p50_ms"])
         assert f"### {load}: {count} requests of {items} items" in printed
     assert doc["uptime_before"] and doc["uptime_after"]
+    assert doc["machine"]["load_start"] and doc["machine"]["load_end"]  # loadtest/machine.py
+    assert f"machine: {machine.line(doc['machine'])}" in printed
 
 
 LLAMA_ENV = ("LLAMA_SERVER", "LLAMA_CPP_DIR", "LLAMA_CPP_PYTHON")

@@ -110,6 +110,7 @@ def test_cli_alternate_report_says_so(two_servers, tmp_path):
     assert [r["name"] for r in runs] == ["a", "b"] and all(r["alternate"] for r in runs)
     assert all(r["requests_ok"] == 4 for r in runs)
     assert "took turns request by request" in (out / "report.md").read_text()
+    assert runs[0]["machine"] == runs[1]["machine"] and "- machine: " in (out / "report.md").read_text()
 
 
 # ---------------------------------------------------------------- the real server

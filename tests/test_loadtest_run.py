@@ -12,7 +12,7 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from loadtest import cli, client, compare, datasets, report, workloads
+from loadtest import cli, client, compare, datasets, machine, report, workloads
 
 
 def _free_port() -> int:
@@ -231,6 +231,9 @@ def test_cli_run_writes_reports(fake_server, tmp_path):
     assert 0 < run["server"]["mean_compression_ratio"] < 1
     assert (out / "report.png").read_bytes()[:4] == b"\x89PNG"
     assert "embed-template" in (out / "report.md").read_text()
+    # the machine it ran on: this one, with the load average at the start and at the end
+    assert run["machine"]["simd"] == machine.current()["simd"] and len(run["machine"]["load_end"]) == 3
+    assert f"- machine: {machine.line(run['machine'])}" in (out / "report.md").read_text()
 
 
 # ---------------------------------------------------------------- the real server
