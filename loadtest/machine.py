@@ -20,6 +20,10 @@ X86_SIMD = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "av
             "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 # the Arm ones: NEON dot product, SVE, bf16 and int8 matrix multiply
 ARM_SIMD = ("asimd", "asimddp", "sve", "sve2", "bf16", "i8mm")
+# environment variables that cap or change the kernels' instruction set (models/measure_cache.py
+# keys its measurements on the same ones); a server a run starts inherits them
+ISA_CAPS = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ONEDNN_CPU_ISA_HINTS",
+            "DNNL_CPU_ISA_HINTS", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "MKL_DEBUG_CPU_TYPE")
 
 
 def describe(cpuinfo: str, *, cpus: int | None = None, load: tuple[float, ...] | None = None) -> dict:
@@ -44,7 +48,8 @@ def describe(cpuinfo: str, *, cpus: int | None = None, load: tuple[float, ...] |
 
 
 def current() -> dict:
-    """This machine now (the CPUs this process may use, the load average now)."""
+    """This machine now (the CPUs this process may use, the load average now, the ISA caps set in
+    the environment)."""
     try:
         text = Path("/proc/cpuinfo").read_text()
     except OSError:
@@ -53,7 +58,8 @@ def current() -> dict:
         cpus: int | None = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count()
-    return describe(text, cpus=cpus, load=_load())
+    caps = {name: os.environ[name] for name in ISA_CAPS if os.environ.get(name)}
+    return {**describe(text, cpus=cpus, load=_load()), **({"isa_caps": caps} if caps else {})}
 
 
 def finish(machine: dict) -> dict:
@@ -75,6 +81,8 @@ def line(machine: dict) -> str:
     if machine.get("hypervisor"):
         parts.append("under a hypervisor")
     text = ", ".join(parts) + "; " + (" ".join(machine.get("simd", [])) or "no SIMD flags read")
+    if machine.get("isa_caps"):  # e.g. ATEN_CPU_CAPABILITY=avx2: the kernels run below the flags
+        text += " (capped: " + " ".join(f"{k}={v}" for k, v in machine["isa_caps"].items()) + ")"
     loads = [f"{machine[k][0]:.1f} at the {k[5:]}" for k in ("load_start", "load_end") if machine.get(k)]
     return text + (f"; load average {', '.join(loads)}" if loads else "")
 

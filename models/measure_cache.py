@@ -73,6 +73,7 @@ def describe_cpu(cpuinfo: str) -> str:
 
 
 # environment variables that cap or change the instruction set of torch's, oneDNN's and MKL's kernels
+# (loadtest/machine.py names the same ones in every report: tests/test_machine.py holds them equal)
 ISA_ENV = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", "ONEDNN_CPU_ISA_HINTS",
            "DNNL_CPU_ISA_HINTS", "MKL_ENABLE_INSTRUCTIONS", "MKL_CBWR", "MKL_DEBUG_CPU_TYPE")
 

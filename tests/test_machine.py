@@ -61,8 +61,25 @@ def test_arm_and_an_unreadable_cpuinfo_leave_out_what_they_lack():
     assert machine.line(empty) == f"{platform.machine() or '?'}; no SIMD flags read"
 
 
-def test_this_machine_and_its_end_of_run_load():
+def test_an_isa_cap_in_the_environment_is_named(monkeypatch):
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     now = machine.current()
+    assert now["isa_caps"] == {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    assert "(capped: ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2)" in machine.line(now)
+
+
+def test_the_caps_named_are_the_ones_the_measurement_cache_keys_on():
+    from models import measure_cache  # the server's side; loadtest itself never imports torch
+
+    assert machine.ISA_CAPS == measure_cache.ISA_ENV
+
+
+def test_this_machine_and_its_end_of_run_load(monkeypatch):
+    for name in machine.ISA_CAPS:
+        monkeypatch.delenv(name, raising=False)
+    now = machine.current()
+    assert "isa_caps" not in now and "capped" not in machine.line(now)
     assert now["cpus"] >= 1 and len(now["load_start"]) == 3
     done = machine.finish(now)
     assert done["load_end"] and {k: v for k, v in done.items() if k != "load_end"} == now
