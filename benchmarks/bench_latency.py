@@ -1,9 +1,9 @@
 """Where one short request's time goes: per-stage latency of a one-input embedding request.
 
-    python -m benchmarks.bench_latency [--preset tiny-embedding] [--requests 600]
+    python -m benchmarks.bench_latency [--preset tiny-embedding | --model-dir DIR] [--requests 600]
         [--arm zero=zero] [--arm real=real] [--arm real-cache-off=real,cache=0]
         [--arm before=zero,root=/path/to/other/checkout] [--target infinity=URL --model NAME]
-        [--route embed|openai] [--log-dir DIR] [--json]
+        [--runs N] [--seed S] [--peer NAME] [--route embed|openai] [--log-dir DIR] [--json]
 
 Each ``--arm NAME=FORWARD[,cache=SIZE][,root=DIR][,api-servers=N]`` is the real CLI
 (``server.cli.main``) in a subprocess on the preset's fixture: FORWARD ``zero`` replaces the
@@ -22,7 +22,9 @@ product): loop (client send -> front door), tokenization, admit (queued), batch 
 written, client read. Per server: p50 and p99 of each stage and of the whole, /health's p50 on the
 same connection, and the whole less /health (the median of the per-round differences). A stage's
 p50s need not add up to the whole's p50 (medians do not add); each request's stages do
-(``stages.durations``).
+(``stages.durations``). ``--runs N`` repeats the rounds N times (seeds S..S+N-1) with the servers
+up throughout, and the latency targets are read off every run against ``--peer``
+(``benchmarks/latency_targets.py``): each run's value and in how many runs each was met.
 """
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from benchmarks import latency_targets
 from benchmarks.bench_front import ONE_INPUT, ONE_INPUT_ROUTES, _quantile
 from loadtest import machine
 from loadtest.alternate import turn_order
@@ -198,6 +201,7 @@ def run(arms: list[Arm], *, requests: int, route: str, model: str | None, warmup
     body = json.dumps(payload).encode()
     socks = {}
     for arm in arms:
+        arm.got = {"whole": [], "health": [], "sent": {}}  # this run's only
         u = urlsplit(arm.url)
         socks[arm.name] = s = socket.create_connection((u.hostname, u.port or 80))
         s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -267,17 +271,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--model", default=None, help="the body's model name (openai route)")
     ap.add_argument("--served-model-name", default=None, help="passed to every arm's server")
     ap.add_argument("--log-dir", default=None, help="the servers' logs go to DIR/NAME.log (default: dropped)")
-    ap.add_argument("--seed", type=int, default=0, help="the rounds' shuffled orders")
+    ap.add_argument("--seed", type=int, default=0, help="the rounds' shuffled orders (run k: seed + k)")
+    ap.add_argument("--runs", type=int, default=1, help="runs of --requests rounds, the servers up throughout")
+    ap.add_argument("--peer", default=None,
+                    help="the server the latency targets' ratios divide by (default: the first --target)")
+    ap.add_argument("--model-dir", default=None, help="a checkpoint directory (default: the --preset fixture)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
     import fixtures
     from benchmarks.host_ceiling import free_port
 
     arms = [Arm.parse(s) for s in (a.arm or ["zero=zero", "real=real"])]
+    forwards = {arm.name: arm.forward for arm in arms}
     for spec in a.target:
         name, _, url = spec.partition("=")
         arms.append(Arm(name, url=url))
-    model = str(fixtures.cached(a.preset))
+    peer = a.peer or (a.target[0].partition("=")[0] if a.target else None)
+    if peer is not None and peer not in {arm.name for arm in arms}:
+        raise SystemExit(f"--peer {peer}: no --arm or --target of that name")
+    model = a.model_dir or str(fixtures.cached(a.preset))
     extra = ["--served-model-name", a.served_model_name] if a.served_model_name else []
     if a.log_dir:
         os.makedirs(a.log_dir, exist_ok=True)
@@ -288,16 +300,22 @@ def main(argv: list[str] | None = None) -> int:
                 arm.start(model, free_port(), extra, a.log_dir)
         for arm in arms:
             arm.wait()
-        rows = run(arms, requests=a.requests, route=a.route, model=a.model, warmup=a.warmup, seed=a.seed)
+        runs = [run(arms, requests=a.requests, route=a.route, model=a.model, warmup=a.warmup, seed=a.seed + k)
+                for k in range(a.runs)]
     finally:
         for arm in arms:
             arm.stop()
     load, host = os.getloadavg(), machine.finish(host)
+    targets = latency_targets.check(runs, forwards, peer)
     if a.json:
-        print(json.dumps({"load": load, "machine": host, "rows": rows}, indent=1))
-    else:
-        print(f"{machine.line(host)}; {a.requests} rounds")
-        print(table(rows))
+        print(json.dumps({"load": load, "machine": host, "targets": targets,
+                          "runs": [{"seed": a.seed + k, "rows": rows} for k, rows in enumerate(runs)]}, indent=1))
+        return 0
+    print(f"{machine.line(host)}; {a.runs} run(s) of {a.requests} rounds")
+    for k, rows in enumerate(runs):
+        print(f"\nrun {k + 1} (seed {a.seed + k}):\n\n{table(rows)}")
+    if targets:
+        print(f"\nthe latency targets (docs/performance/latency.md):\n\n{latency_targets.table(targets)}")
     return 0
 
 
