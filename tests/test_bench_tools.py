@@ -98,7 +98,8 @@ def test_linear_bench_compares_both_paths(tiny_embedding_dir, capsys):
     from benchmarks import bench_linear
 
     assert bench_linear.main(["--model-dir", str(tiny_embedding_dir), "--rows", "1", "9", "--repeats", "1"]) == 0
-    lines = capsys.readouterr().out.strip().splitlines()
+    machine_line, *lines = capsys.readouterr().out.strip().splitlines()
+    assert machine_line.startswith("# machine: ")
     assert lines[0].startswith("# packed (oneDNN) vs plain")
     rows = [line.split() for line in lines[2:]]
     assert [r[0] for r in rows] == ["1", "9"]
