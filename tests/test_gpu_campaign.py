@@ -127,6 +127,8 @@ def test_dry_run_phases_fit_their_files_and_deadlines(tmp_path):
     assert [s["step"] for s in steps] == [s.name for s in plan.steps("check", plan.CPU)]
     assert all(s["status"] == "skipped" and s["why"].startswith("needs ~") for s in steps)
     assert "| gpu_check | skipped |" in res.stdout
+    env = next(line for line in res.stdout.splitlines() if line.startswith("env: "))
+    assert ", host=" in env and " CPUs" in env  # the host CPU the phase ran on (loadtest/machine.py)
     assert len(list(out.iterdir())) == 6 <= 8
     assert all(p.stat().st_size > 0 for p in out.iterdir())
 

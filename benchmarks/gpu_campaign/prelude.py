@@ -91,8 +91,10 @@ def check_imports(names=IMPORTS) -> None:
 def describe(device: str) -> dict:
     import torch
 
+    from loadtest import machine  # the host: a short input's forward on a GPU waits on its Python
+
     info = {"python": platform.python_version(), "torch": torch.__version__, "torch_cuda": torch.version.cuda,
-            "device": device, "cores": os.cpu_count()}
+            "device": device, "cores": os.cpu_count(), "host": machine.line(machine.current())}
     if device.startswith("cuda") and torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info.update(gpu=props.name, gpu_mib=props.total_memory >> 20, sms=props.multi_processor_count)
