@@ -123,6 +123,7 @@ def test_soak_with_churn_reports_rss_and_throughput(tiny_embedding_dir, tmp_path
     assert data["valid_per_s"] > 0
     rss = data["rss"]
     assert rss["start_mib"] <= rss["peak_mib"] and rss["end_mib"] <= rss["peak_mib"]
-    assert abs(rss["peak_mib"] - max(s["rss_bytes"] for s in data["samples"]) / 2 ** 20) <= 0.05
+    # rounded to 0.1 MiB: within half of that (a peak of exactly x.x5 MiB rounds either way)
+    assert abs(rss["peak_mib"] - max(s["rss_bytes"] for s in data["samples"]) / 2 ** 20) <= 0.05 + 1e-9
     md = (tmp_path / "soak.md").read_text()
     assert "churning inputs" in md and "RSS: start" in md and "Valid requests served" in md
