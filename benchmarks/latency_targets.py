@@ -24,7 +24,8 @@ def check(runs: list[list[dict]], forwards: dict[str, str], peer: str | None) ->
     less_health_p50_ms); ``forwards``: each arm's forward ("zero" or "real"; a peer has none);
     ``peer``: the row the real arms' ratios divide by (None: no ratio targets).
 
-    One entry per arm and target: {"server", "target", "values": one per run, "met": how many}."""
+    One entry per arm and target: {"server", "target", "unit" ("ms" or "x", a ratio), "values": one
+    per run, "met": how many}."""
     out: list[dict] = []
     for name, forward in forwards.items():
         if name == peer:
@@ -32,11 +33,11 @@ def check(runs: list[list[dict]], forwards: dict[str, str], peer: str | None) ->
         if forward == "zero":
             values = [_row(rows, name)["less_health_p50_ms"] for rows in runs]
             out.append(_entry(name, f"whole less /health p50 <= {ZERO_LESS_HEALTH_MS} ms", values,
-                              ZERO_LESS_HEALTH_MS))
+                              ZERO_LESS_HEALTH_MS, "ms"))
         elif forward == "real" and peer is not None:
             for key, bound, what in (("whole_p50_ms", REAL_P50_RATIO, "p50"), ("whole_p99_ms", REAL_P99_RATIO, "p99")):
                 values = [_row(rows, name)[key] / _row(rows, peer)[key] for rows in runs]
-                out.append(_entry(name, f"{what} <= {bound}x {peer}'s", values, bound))
+                out.append(_entry(name, f"{what} <= {bound}x {peer}'s", values, bound, "x"))
     return out
 
 
@@ -44,16 +45,15 @@ def table(entries: list[dict]) -> str:
     """Markdown: one row per arm and target, with the range over the runs and the count met."""
     lines = ["| server | target | each run | range | met |", "|---|---|---|---|---|"]
     for e in entries:
-        ratio = "x" in e["target"].split("<=")[1]
-        fmt = (lambda v: f"{v:.3f}x") if ratio else (lambda v: f"{v:.2f} ms")
+        fmt = (lambda v: f"{v:.3f}x") if e["unit"] == "x" else (lambda v: f"{v:.2f} ms")
         values = e["values"]
         lines.append(f"| {e['server']} | {e['target']} | {', '.join(fmt(v) for v in values)} | "
                      f"{fmt(min(values))} - {fmt(max(values))} | {e['met']} of {len(values)} |")
     return "\n".join(lines)
 
 
-def _entry(server: str, target: str, values: list[float], bound: float) -> dict:
-    return {"server": server, "target": target, "values": [round(v, 4) for v in values],
+def _entry(server: str, target: str, values: list[float], bound: float, unit: str) -> dict:
+    return {"server": server, "target": target, "unit": unit, "values": [round(v, 4) for v in values],
             "met": sum(v <= bound for v in values)}
 
 
