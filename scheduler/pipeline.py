@@ -40,6 +40,7 @@ from . import stages
 from .contract import ModelRunner, Prepared
 from .faults import DeviceFault, classify, release_cached_memory
 from .forming import Entry, Former
+from .lane import Lane
 from .metrics import Metrics
 from .packing import marks, pack, split_outputs
 from .settling import Ready, Settler
@@ -112,6 +113,10 @@ class Pipeline:
         self._batch_ids = itertools.count(1)
         self._idle_lock = threading.Lock()
         self._idle_s = 0.0
+        # Held by whichever thread holds a batch outside the worker: the prep thread from forming
+        # it to handing it over (or running it), the loop lane while it runs one (``run_here``).
+        self._exclusive = threading.Lock()
+        self.lane = Lane()
         self._t0 = 0.0
         self._prep = threading.Thread(target=self._supervise, args=(self._prep_loop,), name="rs-prep", daemon=True)
         self._worker = threading.Thread(target=self._supervise, args=(self._worker_loop,), name="rs-worker",
@@ -174,22 +179,76 @@ class Pipeline:
             formed = self._form()
             if formed is None:
                 break  # closed and drained
-            batch, error = formed
-            self._prep_busy.set()
-            if error is not None:
-                self._fail(batch, "form", error)
-            prepared = error is None and self._prepare(batch)
-            if prepared and stages.recorder is not None:
-                stages.recorder("prepared", batch.labels)
-            if prepared and self._lone():
-                self._prep_busy.clear()
-                self._execute(batch, here=True)  # frees the slot as it starts
-                continue
-            handed = prepared and self._hand_over(batch)
-            self._prep_busy.clear()
-            if not handed:
-                self._slot.release()  # else the worker frees it when it starts this batch
+            with self._exclusive:
+                ran = self._prepare_and_pass(*formed)
+            if ran is not None:  # delivered once the lock is free: the answer may bring the next request
+                self._finish(*ran)
         self._put(_STOP)
+
+    def _prepare_and_pass(self, batch: _Batch, error: Exception | None) -> tuple[_Batch, Any] | None:
+        """Prepare a formed batch, then run it here (a lone one: returns it with its output, on
+        the host, for ``_finish``) or hand it to the worker."""
+        self._prep_busy.set()
+        if error is not None:
+            self._fail(batch, "form", error)
+        prepared = error is None and self._prepare(batch)
+        if prepared and stages.recorder is not None:
+            stages.recorder("prepared", batch.labels)
+        if prepared and self._lone():
+            self._prep_busy.clear()
+            return self._execute(batch, here=True)  # frees the slot as it starts
+        handed = prepared and self._hand_over(batch)
+        self._prep_busy.clear()
+        if not handed:
+            self._slot.release()  # else the worker frees it when it starts this batch
+        return None
+
+    def run_here(self, entries: list[Entry], resolve: Resolve) -> bool:
+        """The loop lane (scheduler/lane.py): prepare, run and deliver ``entries`` on this thread,
+        reporting their outcomes to ``resolve`` (here, directly), if the pipeline is idle: nothing
+        waits, the prep thread holds no batch and the worker none. False: nothing was done (queue
+        them). A failure fails these entries only; a device fault takes the pipeline down."""
+        if not self.inline or not self._exclusive.acquire(blocking=False):
+            return False
+        try:
+            if self._dead.is_set() or self.waiting.size or self._handed:
+                return False
+            batch = self._open(entries)
+            try:
+                if self._prepare(batch):
+                    if stages.recorder is not None:
+                        stages.recorder("prepared", batch.labels)
+                    self._run_here(batch, resolve)
+            except DeviceFault as exc:  # _fail answered the entries; the device is unusable
+                self._dead.set()
+                self._on_death(exc)
+            return True
+        finally:
+            self._exclusive.release()
+
+    def _run_here(self, batch: _Batch, resolve: Resolve) -> None:
+        batch.forward_start = time.monotonic()
+        try:
+            out = self.runner.run(batch.prepared)
+            if _pending(out):
+                out = out.result()
+            if stages.recorder is not None:
+                stages.recorder("forward", batch.labels)
+        except Exception as exc:  # noqa: BLE001 - fails this batch only
+            batch.forward_end = time.monotonic()
+            self._fail(batch, "run", exc)
+            return
+        batch.forward_end = time.monotonic()
+        self._observe_lone(batch)
+        try:
+            self._deliver(batch, out, resolve)
+        except Exception as exc:  # noqa: BLE001 - fails this batch only
+            self._fail(batch, "deliver", exc)
+
+    def _observe_lone(self, batch: _Batch) -> None:
+        """A lone batch ran: its ``prepare`` and ``run`` wall time is what the loop lane would cost."""
+        if batch.prepared is not None:
+            self.lane.observe(batch.prepared.n_tokens, time.monotonic() - batch.prep_start)
 
     def _lone(self) -> bool:
         """Run this batch here rather than hand it over? Only with ``inline``, when the worker
@@ -314,16 +373,17 @@ class Pipeline:
         if self.metrics is not None:
             self.metrics.worker_idle_ratio.set(self.idle_ratio)
 
-    def _execute(self, batch: _Batch, *, here: bool = False) -> None:
+    def _execute(self, batch: _Batch, *, here: bool = False) -> tuple[_Batch, Any] | None:
         """runner.run on the prepared batch; a failure fails this batch.
 
         Its output goes to the settling thread, which waits for it if it is a ``PendingOutput``
         (the copy to the host still under way) and delivers it; at most IN_FLIGHT batches are
-        launched and not yet settled. ``here`` (a lone batch on the prep thread): deliver now."""
+        launched and not yet settled. ``here`` (a lone batch on the prep thread): the batch and
+        its output on the host are returned, for the caller to deliver (``_finish``)."""
         while not self._in_flight.acquire(timeout=_POLL_S):
             if self._dead.is_set():
                 self._resolve_all(batch, WorkerDead, "the model worker is not running")
-                return
+                return None
         batch.forward_start = time.monotonic()
         self._slot.release()  # the prep thread may form the next batch while this one runs
         try:
@@ -334,14 +394,16 @@ class Pipeline:
             batch.forward_end = time.monotonic()
             self._in_flight.release()
             self._fail(batch, "run", exc)
-            return
+            return None
         if _pending(out):
             self._settler.submit(batch, out)
         elif here:
-            self._finish(batch, out)
+            self._observe_lone(batch)  # before the delivery: the next request may follow at once
+            return batch, out
         else:
             batch.forward_end = time.monotonic()  # on the host already: the forward ended now
             self._settler.submit(batch, Ready(out))
+        return None
 
     def _finish(self, batch: _Batch, out: Any) -> None:
         """The forward's output is on the host: deliver it, free its in-flight place."""
@@ -353,7 +415,7 @@ class Pipeline:
         except Exception as exc:  # noqa: BLE001 - fails this batch only
             self._fail(batch, "deliver", exc)
 
-    def _deliver(self, batch: _Batch, out: Any) -> None:
+    def _deliver(self, batch: _Batch, out: Any, resolve: Resolve | None = None) -> None:
         """Resolve every entry with its output, its queue time, the forward time and its cost."""
         values = split_outputs(out, len(batch.entries))
         # Tokens each item cost: its length less what the runner read from its prefix cache.
@@ -364,8 +426,8 @@ class Pipeline:
         if self.metrics is not None:
             self.metrics.forward_duration.observe(forward_s)
         start = batch.forward_start
-        self._resolve([(e, (value, start - e.arrival, forward_s, int(cost)), None)
-                       for e, value, cost in zip(batch.entries, values, computed)])
+        (resolve or self._resolve)([(e, (value, start - e.arrival, forward_s, int(cost)), None)
+                                    for e, value, cost in zip(batch.entries, values, computed)])
 
     def _copy_failed(self, batch: _Batch, exc: Exception) -> None:
         batch.forward_end = time.monotonic()

@@ -17,6 +17,7 @@ with WorkerDead and calls ``on_death(exc)`` once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import threading
@@ -83,10 +84,13 @@ class Scheduler:
         on_death: Callable[[BaseException], None] | None = None,
         warm_up: Callable[[], Any] | None = None,
         inline: bool | None = None,
+        lane: bool = False,
     ) -> None:
         """``inline``: a lone batch at an idle pipeline runs on the prep thread (no hand-over);
         None: on a CPU runner (a runner without ``device`` counts as one), where a forward is
-        synchronous and the hand-over buys nothing; an accelerator keeps forwards on the worker."""
+        synchronous and the hand-over buys nothing; an accelerator keeps forwards on the worker.
+        ``lane`` (with ``inline``): a lone short request at an idle pipeline runs on the loop that
+        submits it, when it is cheap and follows a pause (scheduler/lane.py)."""
         if max_batch_tokens < 1:
             raise ValueError("max_batch_tokens must be >= 1")
         if max_batch_requests is not None and max_batch_requests < 1:
@@ -103,6 +107,8 @@ class Scheduler:
             metrics.batching_policy.labels(policy=policy).set(1)
         self._waiting = WaitQueue(on_size=metrics.queue_size.set if metrics is not None else None)
         former = make_former(policy, max_tokens=max_batch_tokens, max_requests=max_batch_requests, prefix=prefix_policy)
+        self._lane = lane
+        self._claim: list[Entry] | None = None  # one request's entries waiting to run in the loop lane
         self._pipeline = Pipeline(
             runner, self._waiting, former, metrics=metrics,
             resolve=self._resolve,
@@ -132,6 +138,10 @@ class Scheduler:
         """Stop accepting; with ``drain`` finish queued work, else fail it with WorkerDead."""
         with self._lock:
             self._accepting = False
+            claimed, self._claim = self._claim, None
+            if claimed is not None:
+                with contextlib.suppress(QueueClosed):  # queued like the rest: drained or dropped below
+                    self._waiting.push(claimed)
         dropped = self._waiting.close(clear=not drain)
         self._resolve([(e, None, WorkerDead("the server is shutting down")) for e in dropped])
         if self._started:
@@ -188,6 +198,7 @@ class Scheduler:
             if self._died:
                 return
             self._died, self._accepting = True, False
+            self._claim = None  # its ticket is pending: failed below
             tickets = list(self._pending)
             self._pending.clear()
         self._waiting.close(clear=True)  # its entries' tickets are among the pending ones
@@ -210,6 +221,9 @@ class Scheduler:
         if not ticket.future.done():
             ticket.future.cancel()
         self._finish(ticket)
+        with self._lock:
+            if self._claim is not None and _ticket(self._claim[0]) is ticket:
+                self._claim = None
         self._waiting.discard(lambda e: e.payload[0] is ticket)  # type: ignore[index]
 
     # -- the event-loop side --------------------------------------------------------------------
@@ -250,17 +264,48 @@ class Scheduler:
         # NOTE: the item lists are kept, not copied: the caller hands them over.
         entries = [Entry(rid, ids, now, payload=(ticket, i), all_tokens=all_tokens, namespace=namespace)
                    for i, ids in enumerate(items)]
+        here = self._lane and self._pipeline.lane.admits(sum(map(len, items)))
         with self._lock:
             if not (self._accepting and self._pipeline.alive):
                 raise WorkerDead("the model worker is not running")
-            try:
-                self._waiting.push(entries)
-            except QueueClosed:
-                raise WorkerDead("the server is shutting down") from None
+            claimed, self._claim = self._claim, None
+            if claimed is not None:  # another request came with the claimed one: both are queued
+                self._push(claimed)
+                here = False
+            here = here and not self._pending  # alone: no other request is waiting for its answer
+            if here:
+                self._claim = entries
+            else:
+                self._push(entries)
             self._pending.add(ticket)
         if stages.recorder is not None:
             stages.recorder("admitted", (ticket.label,))
+        if here:
+            loop.call_soon(self._run_claim, entries)
         return ticket
+
+    def _run_claim(self, entries: list[Entry]) -> None:
+        """On the loop, after what was ready with the claim: run the claimed entries in the loop
+        lane if they are still claimed and the pipeline idle, else queue them (scheduler/lane.py)."""
+        with self._lock:
+            if self._claim is not entries:
+                return  # queued already (another submit came, the scheduler stopped) or cancelled
+            self._claim = None
+        if self._pipeline.run_here(entries, self._settle):
+            return
+        with self._lock:
+            try:
+                self._push(entries)
+                return
+            except WorkerDead as exc:
+                error = exc
+        self._settle([(e, None, error) for e in entries[:1]])
+
+    def _push(self, entries: list[Entry]) -> None:
+        try:
+            self._waiting.push(entries)
+        except QueueClosed:
+            raise WorkerDead("the server is shutting down") from None
 
 
 def _on_cpu(runner: ModelRunner) -> bool:

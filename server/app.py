@@ -99,6 +99,7 @@ def build_scheduler(config: ServerConfig, runner: ServedRunner, metrics: Metrics
         on_death=on_death,
         # on the worker thread, before the first batch (models/warmup.py)
         warm_up=functools.partial(runner.warm_up, max_tokens=config.max_batch_tokens),
+        lane=True,  # a lone short query at an idle CPU pipeline runs on the loop (scheduler/lane.py)
     )
 
 
