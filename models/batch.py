@@ -99,7 +99,7 @@ def _checked(input_ids, cu_seqlens) -> tuple[np.ndarray, np.ndarray]:
     """(ids [N] int64, cu [B+1] int64) after checking they describe one ragged batch."""
     ids = np.asarray(input_ids).astype(np.int64, copy=False)
     cu = np.asarray(cu_seqlens).astype(np.int64, copy=False)
-    lens = np.diff(cu)
+    lens = cu[1:] - cu[:-1]  # [B] (np.diff's own checks cost more than the subtraction)
     if ids.shape[0] != int(cu[-1]):
         raise ValueError(f"input_ids has {ids.shape[0]} tokens, cu_seqlens says {int(cu[-1])}")
     if len(lens) and lens.min() <= 0:
@@ -122,8 +122,7 @@ def build_forward_batch(input_ids, cu_seqlens, index: RadixIndex | None = None, 
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     device = torch.device(device)
     ids, cu = _checked(input_ids, cu_seqlens)
-    lens = np.diff(cu)
-    n, b = int(cu[-1]), len(lens)
+    n, b = int(cu[-1]), len(cu) - 1
     if cache is not None:
         refused = cache_refusal(radix_attention=mode, pooling="mean" if mean_pooling else "last-token")
         if refused is not None:
