@@ -53,5 +53,8 @@ class Lane:
         """A lone batch of ``n_tokens`` took ``seconds`` from the start of ``prepare`` to the end
         of ``run`` (on the prep thread or in the lane)."""
         if n_tokens <= LANE_TOKENS:
+            # NOTE: clamped, so that one batch the scheduler held up (a preempted thread) does not
+            # close the lane for the next several; costs that stay above the budget still do.
+            seconds = min(seconds, 2 * BUDGET_S)
             c = self.cost_s
             self.cost_s = seconds if math.isinf(c) else c + WEIGHT * (seconds - c)

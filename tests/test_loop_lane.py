@@ -168,6 +168,11 @@ def test_the_cost_estimate_follows_lone_batches():
     assert lane.admits(4) and not lane.admits(LANE_TOKENS + 1)
     lane.observe(LANE_TOKENS + 1, 1.0)  # a longer batch says nothing of short ones
     assert lane.admits(4)
-    for _ in range(8):
+    lane.observe(4, 10.0)  # one batch held up: the lane stays open
+    assert lane.admits(4)
+    for _ in range(8):  # costs that stay over the budget close it
         lane.observe(4, BUDGET_S * 4)
     assert not lane.admits(4)
+    for _ in range(8):  # ... and cheap ones open it again
+        lane.observe(4, BUDGET_S / 4)
+    assert lane.admits(4)
