@@ -74,6 +74,11 @@ class Metrics:
             "Batches failed because the device ran out of memory (each one's requests got a 500)",
             registry=r,
         )
+        self.loop_lane_batches = Counter(
+            "radixserve_loop_lane_batches",
+            "Lone short requests run on the event loop rather than the pipeline's threads (scheduler/lane.py)",
+            registry=r,
+        )
 
         self.prefix_cache = _PrefixCacheCollector()  # zeros until a cache is watched
         r.register(self.prefix_cache)

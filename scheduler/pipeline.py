@@ -240,6 +240,8 @@ class Pipeline:
             return
         batch.forward_end = time.monotonic()
         self._observe_lone(batch)
+        if self.metrics is not None:
+            self.metrics.loop_lane_batches.inc()
         try:
             self._deliver(batch, out, resolve)
         except Exception as exc:  # noqa: BLE001 - fails this batch only

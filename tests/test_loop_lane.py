@@ -9,12 +9,15 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import httpx
 import numpy as np
 import pytest
 
 import scheduler.lane
 from scheduler import BatchFailed, Scheduler
 from scheduler.lane import BUDGET_S, LANE_TOKENS, Lane
+from scheduler.metrics import Metrics
+from tests.serving import serve
 from tests.test_scheduler import FakeRunner, expected, req_items, run_async
 
 
@@ -48,6 +51,7 @@ def check(out, items):
 
 def test_a_lone_short_request_runs_on_the_loop_once_its_cost_is_known(any_cost):
     runner = ThreadRunner()
+    metrics = Metrics()
 
     async def go(sched):
         results = []
@@ -56,11 +60,12 @@ def test_a_lone_short_request_runs_on_the_loop_once_its_cost_is_known(any_cost):
             results.append((await sched.submit(items), items))
         return results
 
-    _, results = lane_run(runner, go)
+    _, results = lane_run(runner, go, metrics=metrics)
     for out, items in results:
         check(out, items)
     # The first lone batch runs on the prep thread (its cost unknown), the others on the loop.
     assert runner.run_threads == ["rs-prep", "MainThread", "MainThread", "MainThread"]
+    assert "radixserve_loop_lane_batches_total 3.0" in metrics.exposition().decode().splitlines()
 
 
 def test_requests_that_arrive_together_are_batched_in_arrival_order(any_cost):
@@ -176,3 +181,31 @@ def test_the_cost_estimate_follows_lone_batches():
     for _ in range(8):  # ... and cheap ones open it again
         lane.observe(4, BUDGET_S / 4)
     assert lane.admits(4)
+
+
+def lane_batches(url: str) -> float:
+    for line in httpx.get(url + "/metrics", timeout=600).text.splitlines():
+        if line.startswith("radixserve_loop_lane_batches_total "):
+            return float(line.split()[1])
+    raise AssertionError("no radixserve_loop_lane_batches_total on /metrics")
+
+
+def test_a_server_answers_a_lone_query_in_the_lane_as_on_its_threads(tiny_embedding_dir, monkeypatch):
+    """The real server and checkpoint: lone queries served in the lane and with the lane closed
+    get the same vectors (to float rounding: the measured lone path may pick another thread count)."""
+    queries = [f"Query: what is the capital of country number {i}" for i in range(6)]
+
+    def serve_all(budget_s: float) -> tuple[list, float]:
+        monkeypatch.setattr(scheduler.lane, "BUDGET_S", budget_s)
+        srv = serve(tiny_embedding_dir)
+        try:
+            vectors = [httpx.post(srv.url + "/v1/embeddings", json={"input": q}, timeout=600).json()
+                       ["data"][0]["embedding"] for q in queries]
+            return vectors, lane_batches(srv.url)
+        finally:
+            srv.stop()
+
+    in_lane, ran_in_lane = serve_all(3600.0)
+    on_threads, ran_closed = serve_all(1e-9)  # no batch costs that little
+    assert ran_in_lane >= len(queries) - 1 and ran_closed == 0  # the first ran before the cost was known
+    np.testing.assert_allclose(np.array(in_lane), np.array(on_threads), rtol=1e-5, atol=1e-6)
