@@ -5,8 +5,8 @@ pipeline its batch would run on the prep thread (scheduler/pipeline.py, ``_lone`
 loop wakes the prep thread, which prepares and runs the batch and wakes the loop back. Each
 wake-up is a thread switch and a cold cache, about a tenth of a millisecond apiece on the
 socket benchmark, while the batch itself (a few tens of tokens of a small model) costs little
-more. So a submit that finds the pipeline idle prepares and runs its batch itself, on the loop,
-and its answer is ready when the submit returns: no hand-over either way.
+more. So a lone short request at an idle pipeline has its batch prepared, run and settled on
+the loop itself (``Pipeline.run_here``): no hand-over either way.
 
 What keeps that from hurting anything else:
 

@@ -5,7 +5,10 @@
     settle thread:  [wait for a PendingOutput] -> deliver (one output to each entry)
 
 With ``inline`` (a CPU runner), a batch formed while the worker holds none and nobody else waits
-runs on the prep thread itself, and is delivered there: a lone request pays no hand-over. Every
+runs on the prep thread itself, and is delivered there: a lone request pays no hand-over.
+``run_here`` (the loop lane, scheduler/lane.py) runs a lone short batch on the calling thread
+instead, only while the pipeline is idle and under the lock (``_exclusive``) the prep thread
+holds from forming a batch to running or handing it over, so forwards never overlap. Every
 batch the worker runs is delivered by the settling thread (scheduler/settling.py), which first
 waits for it when ``run`` returned a ``PendingOutput`` (an accelerator's copy to the host still
 under way): the worker only launches forwards, at most IN_FLIGHT of them unsettled, and splitting
@@ -211,7 +214,7 @@ class Pipeline:
         if not self.inline or not self._exclusive.acquire(blocking=False):
             return False
         try:
-            if self._dead.is_set() or self.waiting.size or self._handed:
+            if self._dead.is_set() or self.waiting.size or self._handed:  # one int read: no lock needed
                 return False
             batch = self._open(entries)
             try:

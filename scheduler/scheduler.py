@@ -6,7 +6,9 @@ contiguous) and awaits one future per request; the pipeline reports a batch's ou
 recorded there (``_settle``), so the loop's work per batch is one callback, not one per item.
 Invariant: every request's future is resolved exactly once, by its outputs, the first error of
 one of its items (BatchFailed, WorkerDead), or its own cancellation. The runner is any
-``ModelRunner`` (scheduler/contract.py).
+``ModelRunner`` (scheduler/contract.py). With ``lane``, a lone short request at an idle CPU
+pipeline is not queued: it claims the loop lane, and a callback on its loop runs its batch there
+(``_run_claim``; scheduler/lane.py says when, and why batching is not lost).
 
 Client disconnects: cancellation is the mechanism. When the task awaiting ``submit`` is
 cancelled (the server does that when the client goes away), its entries still waiting are
@@ -90,7 +92,8 @@ class Scheduler:
         None: on a CPU runner (a runner without ``device`` counts as one), where a forward is
         synchronous and the hand-over buys nothing; an accelerator keeps forwards on the worker.
         ``lane`` (with ``inline``): a lone short request at an idle pipeline runs on the loop that
-        submits it, when it is cheap and follows a pause (scheduler/lane.py)."""
+        submits it, when such batches measure cheap and no other request is pending
+        (scheduler/lane.py)."""
         if max_batch_tokens < 1:
             raise ValueError("max_batch_tokens must be >= 1")
         if max_batch_requests is not None and max_batch_requests < 1:
