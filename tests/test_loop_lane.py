@@ -134,6 +134,35 @@ def test_a_failure_in_the_lane_fails_only_its_request(any_cost):
     assert runner.run_threads == ["rs-prep", "MainThread", "MainThread"]
 
 
+class FaultRunner(ThreadRunner):
+    """Raises a device fault (a poisoned CUDA context, as torch words it) on token 201."""
+
+    def run(self, prepared):
+        if any(201 in s for s in prepared.seqs):
+            self.run_threads.append(threading.current_thread().name)
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+        return super().run(prepared)
+
+
+def test_a_device_fault_in_the_lane_takes_the_pipeline_down_once(any_cost):
+    from scheduler import WorkerDead
+    from scheduler.faults import DeviceFault
+
+    runner, deaths = FaultRunner(), []
+
+    async def go(sched):
+        await sched.submit(req_items(1, [2]))
+        with pytest.raises(WorkerDead):
+            await sched.submit(req_items(2, [2]))
+        assert not sched.alive
+        with pytest.raises(WorkerDead):
+            await sched.submit(req_items(3, [2]))
+
+    lane_run(runner, go, on_death=deaths.append)
+    assert runner.run_threads == ["rs-prep", "MainThread"]
+    assert len(deaths) == 1 and isinstance(deaths[0], DeviceFault)
+
+
 def test_a_claim_cancelled_before_it_runs_never_reaches_the_runner(any_cost):
     runner = ThreadRunner()
 
