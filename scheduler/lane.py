@@ -15,11 +15,12 @@ What keeps that from hurting anything else:
   tokens or fewer) cost, ``prepare`` and ``run`` in wall time, must be at most ``BUDGET_S``. A
   slow model, a cold start or a busy machine raises it above the budget and the lane closes by
   itself; the batches on the prep thread keep measuring, so it opens again when they are cheap.
-- Batching is what pays under load. The submit only claims the lane; the batch runs from a
-  callback queued behind what the loop already has ready (``Scheduler``: ``loop.call_soon``), so
-  requests that arrived with it (read in the same pass over the sockets) are submitted first, and
-  a submit that finds a claim pushes the claimed entries to the queue ahead of its own: the
-  requests are batched together as before, in arrival order.
+- Batching is what pays under load. Only a request that finds no other pending (submitted and
+  not yet answered) claims the lane, and the claim only queues a callback behind what the loop
+  already has ready (``Scheduler``: ``loop.call_soon``), so requests that arrived with it (read in
+  the same pass over the sockets) are submitted first; a submit that finds a claim pushes the
+  claimed entries to the queue ahead of its own, and the requests are batched together as
+  before, in arrival order.
 - The pipeline must be idle: nothing waiting, no batch prepared or running (``Pipeline.run_here``
   checks under the lock the prep thread holds from forming a batch to handing it over or running
   it), so forwards never overlap and ``runner.prepare`` never runs on two threads at once.

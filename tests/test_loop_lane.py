@@ -1,8 +1,9 @@
 """The loop lane (scheduler/lane.py): a lone short request at an idle CPU pipeline runs on the loop.
 
 Each test drives a real Scheduler with ``lane=True`` over the fake runner of test_scheduler.py,
-which records the thread each ``prepare`` and ``run`` ran on, and checks where a batch ran, what
-it held, and that every request got its own answer (or its own error).
+noting the thread each batch's ``run`` ran on, and checks where a batch ran, what it held, and
+that every request got its own answer (or its own error); the last one serves the tiny
+checkpoint with the lane open and closed.
 """
 from __future__ import annotations
 
