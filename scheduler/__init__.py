@@ -5,7 +5,7 @@ drives (scheduler/contract.py) and the batching policies' names (scheduler/polic
 """
 from .contract import ModelRunner, Prepared
 from .forming import PrefixPolicy
-from .pipeline import BatchFailed, WorkerDead
+from .outcomes import BatchFailed, WorkerDead
 from .policy import POLICIES
 from .scheduler import Scheduler, SubmitResult
 

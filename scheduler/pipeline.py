@@ -21,12 +21,10 @@ batch (``runner.run``); its outputs are delivered in launch order: every entry i
 own output, or with an error. The runner is any ``ModelRunner`` (scheduler/contract.py), read
 through nothing else. Invariants: while the worker runs batch k, the prep thread is already
 preparing batch k+1 (never k+2: one slot); an ``Exception`` in any step fails only that batch's
-entries (BatchFailed, a generic message; the log has the details); a ``BaseException`` or a bug
-outside the per-batch guards kills a thread, and then ``on_death`` takes the whole pipeline down;
-so does a device fault (``_fail`` turns a sticky CUDA error into ``DeviceFault``,
-scheduler/faults.py), while out of memory fails only its batch. Before its first batch the worker
-runs the optional ``warm_up`` (per-thread handles are made on the serving thread). State shared
-between the threads goes through the hand-off queue, a lock, or an Event.
+entries (scheduler/outcomes.py); a ``BaseException``, a bug outside the per-batch guards or a
+device fault kills a thread, and then ``on_death`` takes the whole pipeline down. Before its
+first batch the worker runs the optional ``warm_up`` (per-thread handles are made on the serving
+thread). State shared between the threads goes through the hand-off queue, a lock, or an Event.
 """
 from __future__ import annotations
 
@@ -36,24 +34,22 @@ import math
 import queue
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from . import stages
-from .contract import ModelRunner, Prepared
-from .faults import DeviceFault, classify, release_cached_memory
+from .contract import ModelRunner
+from .faults import DeviceFault
 from .forming import Entry, Former
 from .lane import Lane
 from .metrics import Metrics
-from .packing import marks, pack, split_outputs
+from .outcomes import Batch, Outcomes, Resolve, WorkerDead
+from .packing import marks, pack
 from .settling import Ready, Settler
 from .waiting import WaitQueue
 
 log = logging.getLogger(__name__)
 
 _STOP = object()  # sentinel on the hand-off queue: no more batches
-# A batch's entries' ends at once: [(entry, (output, queue s, forward s, tokens) or None, error or None)]
-Resolve = Callable[[list[tuple[Entry, Any, BaseException | None]]], None]
 _POLL_S = 0.05  # how often blocked threads look at the dead flag
 IN_FLIGHT = 2  # batches launched and not yet settled: the one computing and the one queued behind it
 SETTLE_ON_DEATH_S = 10.0  # at most this long for launched batches to be delivered when a thread dies
@@ -62,27 +58,6 @@ SETTLE_ON_DEATH_S = 10.0  # at most this long for launched batches to be deliver
 def _pending(out: Any) -> bool:
     """Is ``out`` a ``PendingOutput``? Its one method, looked up directly (a Protocol check is slow)."""
     return callable(getattr(out, "result", None))
-
-
-class BatchFailed(Exception):
-    """A batch holding some of the request's items failed (HTTP 500); the log has the cause."""
-
-
-class WorkerDead(Exception):
-    """The model worker is not alive, or the scheduler is shutting down (HTTP 503)."""
-
-
-@dataclass
-class _Batch:
-    """One batch in flight; owned by one thread at a time (the hand-off queue passes it on)."""
-
-    batch_id: int
-    entries: list[Entry]
-    prep_start: float
-    labels: tuple[str, ...]  # the batch's request ids, for the log
-    prepared: Prepared | None = None  # what runner.prepare returned
-    forward_start: float = float("nan")
-    forward_end: float = float("nan")
 
 
 class Pipeline:
@@ -105,8 +80,9 @@ class Pipeline:
         self._warm_up = warm_up  # run first on the worker thread (per-thread handles, allocator growth)
         self.warmed = threading.Event()  # set once the worker's warm-up ended, however it ended
         self.inline = inline
-        self._resolve, self._label, self._on_death = resolve, label, on_death
-        self._handoff: queue.Queue[Any] = queue.Queue(maxsize=1)  # a _Batch or _STOP
+        self._label, self._on_death = label, on_death
+        self._outcomes = Outcomes(resolve, metrics)  # each batch's entries answered: outputs or errors
+        self._handoff: queue.Queue[Any] = queue.Queue(maxsize=1)  # a Batch or _STOP
         # One credit: the prep thread forms batch N+1 only once the worker has started batch N.
         # NOTE: without it, prep would form N+2 while N runs and block in put(), locking entries
         # into a batch chosen from a shallow queue (worse prefix grouping, later cancellation).
@@ -188,15 +164,13 @@ class Pipeline:
                 self._finish(*ran)
         self._put(_STOP)
 
-    def _prepare_and_pass(self, batch: _Batch, error: Exception | None) -> tuple[_Batch, Any] | None:
+    def _prepare_and_pass(self, batch: Batch, error: Exception | None) -> tuple[Batch, Any] | None:
         """Prepare a formed batch, then run it here (a lone one: returns it with its output, on
         the host, for ``_finish``) or hand it to the worker."""
         self._prep_busy.set()
         if error is not None:
-            self._fail(batch, "form", error)
+            self._outcomes.fail(batch, "form", error)
         prepared = error is None and self._prepare(batch)
-        if prepared and stages.recorder is not None:
-            stages.recorder("prepared", batch.labels)
         if prepared and self._lone():
             self._prep_busy.clear()
             return self._execute(batch, here=True)  # frees the slot as it starts
@@ -219,38 +193,35 @@ class Pipeline:
             batch = self._open(entries)
             try:
                 if self._prepare(batch):
-                    if stages.recorder is not None:
-                        stages.recorder("prepared", batch.labels)
                     self._run_here(batch, resolve)
-            except DeviceFault as exc:  # _fail answered the entries; the device is unusable
+            except DeviceFault as exc:  # its entries are answered (WorkerDead); the device is unusable
                 self._dead.set()
                 self._on_death(exc)
             return True
         finally:
             self._exclusive.release()
 
-    def _run_here(self, batch: _Batch, resolve: Resolve) -> None:
+    def _run_here(self, batch: Batch, resolve: Resolve) -> None:
         batch.forward_start = time.monotonic()
         try:
             out = self.runner.run(batch.prepared)
-            if _pending(out):
-                out = out.result()
+            out = out.result() if _pending(out) else out
             if stages.recorder is not None:
                 stages.recorder("forward", batch.labels)
         except Exception as exc:  # noqa: BLE001 - fails this batch only
-            batch.forward_end = time.monotonic()
-            self._fail(batch, "run", exc)
+            self._outcomes.fail(batch, "run", exc)
             return
-        batch.forward_end = time.monotonic()
+        finally:
+            batch.forward_end = time.monotonic()
         self._observe_lone(batch)
         if self.metrics is not None:
             self.metrics.loop_lane_batches.inc()
         try:
-            self._deliver(batch, out, resolve)
+            self._outcomes.deliver(batch, out, resolve)
         except Exception as exc:  # noqa: BLE001 - fails this batch only
-            self._fail(batch, "deliver", exc)
+            self._outcomes.fail(batch, "deliver", exc)
 
-    def _observe_lone(self, batch: _Batch) -> None:
+    def _observe_lone(self, batch: Batch) -> None:
         """A lone batch ran: its ``prepare`` and ``run`` wall time is what the loop lane would cost."""
         if batch.prepared is not None:
             self.lane.observe(batch.prepared.n_tokens, time.monotonic() - batch.prep_start)
@@ -264,7 +235,7 @@ class Pipeline:
         with self._handed_lock:
             return self._handed == 0
 
-    def _form(self) -> tuple[_Batch, Exception | None] | None:
+    def _form(self) -> tuple[Batch, Exception | None] | None:
         """The next batch, taken off the queue; None once the queue is closed and drained.
 
         If the former raises, the batch is the oldest request alone and carries the error.
@@ -288,13 +259,14 @@ class Pipeline:
                 return self._open(entries), error
         return None
 
-    def _open(self, entries: list[Entry]) -> _Batch:
+    def _open(self, entries: list[Entry]) -> Batch:
         labels = tuple(dict.fromkeys(self._label(e) for e in entries))
         if stages.recorder is not None:
             stages.recorder("formed", labels)
-        return _Batch(next(self._batch_ids), entries, time.monotonic(), labels)
+        return Batch(next(self._batch_ids), entries, time.monotonic(), labels)
 
-    def _prepare(self, batch: _Batch) -> bool:
+    def _prepare(self, batch: Batch) -> bool:
+        """Pack the batch and ``runner.prepare`` it; False: it failed (its entries are answered)."""
         try:
             input_ids, cu_seqlens = pack(batch.entries)
             mask, spaces = marks(batch.entries)
@@ -308,19 +280,21 @@ class Pipeline:
                 m.tokens_compact.inc(p.n_compact)
                 m.batch_prep_duration.observe(time.monotonic() - batch.prep_start)
         except Exception as exc:  # noqa: BLE001 - fails this batch only
-            self._fail(batch, "prepare", exc)
+            self._outcomes.fail(batch, "prepare", exc)
             return False
+        if stages.recorder is not None:
+            stages.recorder("prepared", batch.labels)
         return True
 
-    def _hand_over(self, batch: _Batch) -> bool:
+    def _hand_over(self, batch: Batch) -> bool:
         try:
             self._count_handed(+1)
             if self._put(batch):
                 return True
             self._count_handed(-1)
-            self._resolve_all(batch, WorkerDead, "the model worker is not running")
+            self._outcomes.fail_all(batch, WorkerDead, "the model worker is not running")
         except Exception as exc:  # noqa: BLE001 - fails this batch only
-            self._fail(batch, "hand over", exc)
+            self._outcomes.fail(batch, "hand over", exc)
         return False
 
     def _put(self, item: object) -> bool:
@@ -378,7 +352,7 @@ class Pipeline:
         if self.metrics is not None:
             self.metrics.worker_idle_ratio.set(self.idle_ratio)
 
-    def _execute(self, batch: _Batch, *, here: bool = False) -> tuple[_Batch, Any] | None:
+    def _execute(self, batch: Batch, *, here: bool = False) -> tuple[Batch, Any] | None:
         """runner.run on the prepared batch; a failure fails this batch.
 
         Its output goes to the settling thread, which waits for it if it is a ``PendingOutput``
@@ -387,7 +361,7 @@ class Pipeline:
         its output on the host are returned, for the caller to deliver (``_finish``)."""
         while not self._in_flight.acquire(timeout=_POLL_S):
             if self._dead.is_set():
-                self._resolve_all(batch, WorkerDead, "the model worker is not running")
+                self._outcomes.fail_all(batch, WorkerDead, "the model worker is not running")
                 return None
         batch.forward_start = time.monotonic()
         self._slot.release()  # the prep thread may form the next batch while this one runs
@@ -398,7 +372,7 @@ class Pipeline:
         except Exception as exc:  # noqa: BLE001 - fails this batch only
             batch.forward_end = time.monotonic()
             self._in_flight.release()
-            self._fail(batch, "run", exc)
+            self._outcomes.fail(batch, "run", exc)
             return None
         if _pending(out):
             self._settler.submit(batch, out)
@@ -410,54 +384,17 @@ class Pipeline:
             self._settler.submit(batch, Ready(out))
         return None
 
-    def _finish(self, batch: _Batch, out: Any) -> None:
+    def _finish(self, batch: Batch, out: Any) -> None:
         """The forward's output is on the host: deliver it, free its in-flight place."""
         if math.isnan(batch.forward_end):
             batch.forward_end = time.monotonic()
         self._in_flight.release()
         try:
-            self._deliver(batch, out)
+            self._outcomes.deliver(batch, out)
         except Exception as exc:  # noqa: BLE001 - fails this batch only
-            self._fail(batch, "deliver", exc)
+            self._outcomes.fail(batch, "deliver", exc)
 
-    def _deliver(self, batch: _Batch, out: Any, resolve: Resolve | None = None) -> None:
-        """Resolve every entry with its output, its queue time, the forward time and its cost."""
-        values = split_outputs(out, len(batch.entries))
-        # Tokens each item cost: its length less what the runner read from its prefix cache.
-        computed = list(batch.prepared.computed_tokens) if batch.prepared is not None else []
-        if len(computed) != len(values):
-            raise RuntimeError(f"the runner counted computed tokens for {len(computed)} of {len(values)} items")
-        forward_s = batch.forward_end - batch.forward_start
-        if self.metrics is not None:
-            self.metrics.forward_duration.observe(forward_s)
-        start = batch.forward_start
-        (resolve or self._resolve)([(e, (value, start - e.arrival, forward_s, int(cost)), None)
-                                    for e, value, cost in zip(batch.entries, values, computed)])
-
-    def _copy_failed(self, batch: _Batch, exc: Exception) -> None:
+    def _copy_failed(self, batch: Batch, exc: Exception) -> None:
         batch.forward_end = time.monotonic()
         self._in_flight.release()
-        self._fail(batch, "copy to host", exc)
-
-    # -- either thread --------------------------------------------------------------------------
-    def _fail(self, batch: _Batch, stage: str, exc: Exception) -> None:
-        """Fail this batch only (details to the log, a generic error to the clients); out of memory
-        also frees the allocator's cache, a device fault answers 503 and raises DeviceFault."""
-        fault = classify(exc)
-        if fault == "fatal":
-            log.critical("batch %d hit a device fault at %s: %s: %s; requests %s; the device is unusable, "
-                         "the pipeline stops", batch.batch_id, stage, type(exc).__name__, exc,
-                         ", ".join(batch.labels), exc_info=exc)
-            self._resolve_all(batch, WorkerDead, "the model worker is not running")
-            raise DeviceFault(f"device fault at {stage}: {type(exc).__name__}: {exc}") from exc
-        log.error("batch %d failed at %s: %s: %s; requests %s", batch.batch_id, stage, type(exc).__name__, exc,
-                  ", ".join(batch.labels), exc_info=exc)
-        if fault == "oom":
-            release_cached_memory()
-            if self.metrics is not None:
-                self.metrics.oom_batches.inc()
-        self._resolve_all(batch, BatchFailed, "the model failed on this batch")
-
-    def _resolve_all(self, batch: _Batch, error: type[Exception], message: str) -> None:
-        # NOTE: one exception object per entry: each may be raised in its own task.
-        self._resolve([(e, None, error(message)) for e in batch.entries])
+        self._outcomes.fail(batch, "copy to host", exc)

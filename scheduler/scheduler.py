@@ -31,7 +31,8 @@ from . import stages
 from .contract import ModelRunner
 from .forming import Entry, PrefixPolicy
 from .metrics import Metrics
-from .pipeline import Pipeline, WorkerDead
+from .outcomes import WorkerDead
+from .pipeline import Pipeline
 from .policy import make_former
 from .waiting import QueueClosed, WaitQueue
 
