@@ -19,19 +19,8 @@ from scheduler import BatchFailed, Scheduler
 from scheduler.lane import BUDGET_S, LANE_TOKENS, Lane
 from scheduler.metrics import Metrics
 from tests.serving import serve
-from tests.test_scheduler import FakeRunner, expected, req_items, run_async
-
-
-class ThreadRunner(FakeRunner):
-    """The fake runner, noting the thread of each batch's ``run``."""
-
-    def __init__(self, **kw):
-        super().__init__(**kw)
-        self.run_threads: list[str] = []
-
-    def run(self, prepared):
-        self.run_threads.append(threading.current_thread().name)
-        return super().run(prepared)
+from tests.test_scheduler import expected, req_items, run_async
+from tests.test_scheduler_handover import ThreadRecordingRunner as ThreadRunner
 
 
 @pytest.fixture
@@ -65,7 +54,7 @@ def test_a_lone_short_request_runs_on_the_loop_once_its_cost_is_known(any_cost):
     for out, items in results:
         check(out, items)
     # The first lone batch runs on the prep thread (its cost unknown), the others on the loop.
-    assert runner.run_threads == ["rs-prep", "MainThread", "MainThread", "MainThread"]
+    assert runner.threads == ["rs-prep", "MainThread", "MainThread", "MainThread"]
     assert "radixserve_loop_lane_batches_total 3.0" in metrics.exposition().decode().splitlines()
 
 
@@ -83,7 +72,7 @@ def test_requests_that_arrive_together_are_batched_in_arrival_order(any_cost):
         check(out, items)
     # The first of the four claimed the lane; the second queued it ahead of itself, so all four
     # reached the prep thread together, in the order they were submitted.
-    assert "MainThread" not in runner.run_threads[1:]
+    assert "MainThread" not in runner.threads[1:]
     later = [s for b in runner.batches()[1:] for s in b]
     assert later == [item for items in reqs for item in items]
 
@@ -96,7 +85,7 @@ def test_a_slow_batch_never_blocks_the_loop():
             await sched.submit(req_items(r, [2]))
 
     lane_run(runner, go)
-    assert runner.run_threads == ["rs-prep"] * 3
+    assert runner.threads == ["rs-prep"] * 3
 
 
 def test_a_long_input_never_runs_on_the_loop(any_cost):
@@ -108,7 +97,7 @@ def test_a_long_input_never_runs_on_the_loop(any_cost):
 
     _, out = lane_run(runner, go)
     check(out, req_items(2, [LANE_TOKENS + 1]))
-    assert runner.run_threads == ["rs-prep", "rs-prep"]
+    assert runner.threads == ["rs-prep", "rs-prep"]
 
 
 def test_without_the_lane_or_off_the_cpu_nothing_runs_on_the_loop(any_cost):
@@ -118,7 +107,7 @@ def test_without_the_lane_or_off_the_cpu_nothing_runs_on_the_loop(any_cost):
                 await sched.submit(req_items(r, [2]))
 
         run_async(runner, go, **kw)
-        assert "MainThread" not in runner.run_threads
+        assert "MainThread" not in runner.threads
 
 
 def test_a_failure_in_the_lane_fails_only_its_request(any_cost):
@@ -132,7 +121,7 @@ def test_a_failure_in_the_lane_fails_only_its_request(any_cost):
 
     sched, out = lane_run(runner, go)
     check(out, req_items(3, [2]))
-    assert runner.run_threads == ["rs-prep", "MainThread", "MainThread"]
+    assert runner.threads == ["rs-prep", "MainThread", "MainThread"]
 
 
 class FaultRunner(ThreadRunner):
@@ -140,7 +129,7 @@ class FaultRunner(ThreadRunner):
 
     def run(self, prepared):
         if any(201 in s for s in prepared.seqs):
-            self.run_threads.append(threading.current_thread().name)
+            self.threads.append(threading.current_thread().name)
             raise RuntimeError("CUDA error: an illegal memory access was encountered")
         return super().run(prepared)
 
@@ -160,7 +149,7 @@ def test_a_device_fault_in_the_lane_takes_the_pipeline_down_once(any_cost):
             await sched.submit(req_items(3, [2]))
 
     lane_run(runner, go, on_death=deaths.append)
-    assert runner.run_threads == ["rs-prep", "MainThread"]
+    assert runner.threads == ["rs-prep", "MainThread"]
     assert len(deaths) == 1 and isinstance(deaths[0], DeviceFault)
 
 
@@ -193,7 +182,7 @@ def test_a_claim_pending_at_a_draining_stop_is_answered(any_cost):
 
     out = asyncio.run(go())
     check(out, req_items(2, [2]))
-    assert runner.run_threads == ["rs-prep", "rs-prep"]  # drained by the pipeline
+    assert runner.threads == ["rs-prep", "rs-prep"]  # drained by the pipeline
 
 
 def test_the_cost_estimate_follows_lone_batches():
