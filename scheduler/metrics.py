@@ -7,7 +7,16 @@ as counters under their bare names, as TEI does.
 """
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+import threading
+import time
+from bisect import bisect_left
+
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client import Counter as _Counter
+from prometheus_client import Histogram as _Histogram
+from prometheus_client import metrics as prometheus_metrics
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 # Latency buckets in seconds, 1 ms .. 60 s.
@@ -18,6 +27,59 @@ _BATCH_SIZE = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _BATCH_TOKENS = (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)
 # TEI's request counters: Prometheus counters named without the _total suffix.
 TEI_COUNTERS = ("te_request_count", "te_request_success", "te_request_failure")
+
+
+class Histogram(_Histogram):
+    """prometheus_client's Histogram, observed under one lock into plain counts.
+
+    The library's ``observe`` checks the metric's labels, compares the value with each upper bound
+    in turn (24 steps for a compression ratio of 1.0) and takes a lock per value it adds to (the
+    sum, then the bucket); several histograms are observed on every request's path, so this one
+    finds the bucket by binary search and adds both under one lock. Its samples are the library's:
+    the same series, values and exposition (``tests/test_metrics_lean.py``), a NaN counted in
+    ``_sum`` and in no bucket. No exemplars, and no multiprocess mode (neither is used here).
+    """
+
+    def _metric_init(self) -> None:
+        self._created = time.time()
+        self._lock = threading.Lock()
+        self._counts = [0] * len(self._upper_bounds)  # per bucket, not cumulative
+        self._total = 0.0
+
+    def observe(self, amount: float, exemplar: dict[str, str] | None = None) -> None:
+        if exemplar is not None or (self._labelnames and not self._labelvalues):
+            raise ValueError(f"{self._name}: observe a labelled child, without an exemplar")
+        i = bisect_left(self._upper_bounds, amount)  # the first bound >= amount (the last is +Inf)
+        with self._lock:
+            self._total += amount
+            if amount == amount:  # NaN compares below no bound
+                self._counts[i] += 1
+
+    def _child_samples(self) -> tuple[Sample, ...]:
+        with self._lock:
+            counts, total = list(self._counts), self._total
+        samples, acc = [], 0.0
+        for bound, count in zip(self._upper_bounds, counts):
+            acc += count
+            samples.append(Sample("_bucket", {"le": floatToGoString(bound)}, acc, None, None))
+        samples.append(Sample("_count", {}, acc, None, None))
+        if self._upper_bounds[0] >= 0:
+            samples.append(Sample("_sum", {}, total, None, None))
+        if prometheus_metrics._use_created:
+            samples.append(Sample("_created", {}, self._created, None, None))
+        return tuple(samples)
+
+
+class Counter(_Counter):
+    """prometheus_client's Counter without its per-call label check on the common path (the
+    children of a labelled counter and an unlabelled one); a labelled parent, a negative amount or
+    an exemplar take the library's own ``inc`` and its errors."""
+
+    def inc(self, amount: float = 1, exemplar: dict[str, str] | None = None) -> None:
+        if exemplar is not None or amount < 0 or (self._labelnames and not self._labelvalues):
+            super().inc(amount, exemplar)
+            return
+        self._value.inc(amount)
 
 
 class Metrics:
