@@ -88,6 +88,8 @@ class Pipeline:
         # into a batch chosen from a shallow queue (worse prefix grouping, later cancellation).
         self._slot = threading.Semaphore(1)
         self._dead = threading.Event()
+        self._started = False
+        self._exited = threading.Event()  # set as any of the threads returns or dies (``_supervise``)
         self._prep_busy = threading.Event()  # entries taken off the queue, not yet handed over
         self._batch_ids = itertools.count(1)
         self._idle_lock = threading.Lock()
@@ -113,11 +115,13 @@ class Pipeline:
         self._prep.start()
         self._worker.start()
         self._settler.start()
+        self._started = True
 
     @property
     def alive(self) -> bool:
-        settler_ok = self._settler.thread is None or self._settler.thread.is_alive()
-        return self._prep.is_alive() and self._worker.is_alive() and settler_ok and not self._dead.is_set()
+        """Started, no thread of it has returned, and no device fault: three reads, no lock (every
+        request checks it; a thread's ``is_alive`` takes its lock)."""
+        return self._started and not self._exited.is_set() and not self._dead.is_set()
 
     def join(self, timeout: float) -> bool:
         """Wait for the threads to exit (the queue must be closed first); True if they did."""
@@ -142,6 +146,8 @@ class Pipeline:
             self._dead.set()
             self._settle_launched()
             self._on_death(exc)
+        finally:
+            self._exited.set()
 
     def _settle_launched(self) -> None:
         """Batches that ran before a death still reach their clients: the settling thread delivers

@@ -153,8 +153,7 @@ class Scheduler:
 
     @property
     def alive(self) -> bool:
-        with self._lock:
-            return self._accepting and self._pipeline.alive
+        return self._accepting and self._pipeline.alive  # flags read without a lock: every request asks
 
     @property
     def queue_size(self) -> int:

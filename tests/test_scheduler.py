@@ -382,3 +382,17 @@ def test_ragged_outputs_reach_each_item_whole():
         assert out.dtype == np.float32 and out.shape == (len(item), 2)
         assert out[:, 0].tolist() == item
 
+
+
+def test_the_pipeline_is_alive_from_start_until_a_thread_ends():
+    """``Pipeline.alive`` reads flags (no thread's lock): false before ``start``, true while its
+    threads run, false once one of them has returned, as ``Thread.is_alive`` would say."""
+    sched = Scheduler(FakeRunner(), max_batch_tokens=64, max_batch_requests=None)
+    pipeline = sched._pipeline
+    assert not pipeline.alive and not sched.alive
+    sched.start()
+    threads = [pipeline._prep, pipeline._worker, pipeline._settler.thread]
+    assert pipeline.alive and sched.alive and all(t.is_alive() for t in threads)
+    sched.stop(drain=True, timeout=30)
+    assert not pipeline.alive and not sched.alive
+    assert not any(t.is_alive() for t in threads)
