@@ -20,10 +20,10 @@ import asyncio
 import hashlib
 import hmac
 import json
-import sys
 
 from scheduler import stages
 from server.http import request_id
+from server.http.deadline import receive_before
 from server.http.framing import scope_framing_problem
 from server.http.errors import error_body, send_error
 
@@ -90,17 +90,6 @@ async def send_bad_request(send, message: str, path: str) -> None:
         (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
         (b"connection", b"close")]})
     await send({"type": "http.response.body", "body": body})
-
-
-if sys.version_info >= (3, 11):
-    async def _before(awaitable, deadline: float):
-        """``await awaitable``, or TimeoutError at loop time ``deadline`` (a timer on this task:
-        no task of its own, as ``wait_for`` makes on Python 3.11)."""
-        async with asyncio.timeout_at(deadline):
-            return await awaitable
-else:  # pragma: no cover - Python 3.10
-    async def _before(awaitable, deadline: float):
-        return await asyncio.wait_for(awaitable, max(0.0, deadline - asyncio.get_running_loop().time()))
 
 
 BODY_STATE = "radixserve.body"  # the scope state key of the body the front door read whole
@@ -199,7 +188,7 @@ class FrontDoor:
             try:
                 # NOTE: one deadline for the whole body, not per chunk: a client that trickles a
                 # byte every few seconds must not hold the connection forever.
-                message = await _before(receive(), deadline)
+                message = await receive_before(receive(), deadline)
             except asyncio.TimeoutError:
                 message = f"the request body did not arrive within {self.body_timeout_s:g} s"
                 await self._reject(send, "timeout", message, path, close=True)
