@@ -53,7 +53,8 @@ def split_outputs(out: Any, n: int) -> list:
         rows = [_host(o) for o in out]
     if len(rows) != n:
         raise RuntimeError(f"the runner returned {len(rows)} outputs for {n} items")
-    return [float(r) if np.ndim(r) == 0 else np.array(r, dtype=np.float32) for r in rows]
+    # NOTE: each row is an ndarray (a row of one, or `_host`'s), so its own `ndim`, not np.ndim's dispatch
+    return [float(r) if r.ndim == 0 else np.array(r, dtype=np.float32) for r in rows]
 
 
 def _host(x: Any) -> np.ndarray:

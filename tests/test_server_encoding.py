@@ -94,14 +94,30 @@ def test_base64_rows_are_the_little_endian_float32_bytes():
     assert encoding.base64_rows(x) == [base64.b64encode(v.astype("<f4").tobytes()).decode() for v in x]
 
 
-@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
-def test_non_finite_values_are_refused_as_before(bad):
-    x = np.ones((2, 4), np.float32)
-    x[1, 2] = bad
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, "both infinities"])
+def test_non_finite_values_are_refused_as_before(bad, dtype):
+    x = np.ones((2, 4), dtype)
+    if bad == "both infinities":
+        x[0, 1], x[1, 2] = np.inf, -np.inf
+    else:
+        x[1, 2] = bad
     with pytest.raises(ValueError):
         json.dumps(x.tolist(), allow_nan=False)  # the old encoder refused it too
     with pytest.raises(ValueError, match="non-finite"):
         encoding.float_array(x)
+    with pytest.raises(ValueError, match="non-finite"):
+        encoding.float_records(x, lambda i, row: {"index": i, "embedding": row})
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_the_largest_finite_values_are_not_refused(dtype):
+    big = np.finfo(dtype).max
+    x = np.full((3, 5), big, dtype)
+    x[2, 4] = -big
+    assert json.loads(encoding.float_array(x)) == x.astype(np.float64).tolist()
+    records = json.loads(encoding.float_records(x, lambda i, row: {"index": i, "embedding": row}))
+    assert [r["embedding"] for r in records] == x.astype(np.float64).tolist()
 
 
 def test_plain_values_match_the_old_dumps():
@@ -148,3 +164,17 @@ def test_a_big_answer_goes_out_in_pieces_with_its_length():
     assert max(map(len, bodies)) == encoding.STREAM_BYTES
     small = encoding.json_answer(b"[1.0]")
     assert small.body == b"[1.0]" and small.media_type == "application/json"
+
+
+@pytest.mark.parametrize("headers", [None, {}, {"X-Queue-Time": "1.000", "x-compute-tokens": "22"},
+                                     {"content-type": "application/x-ndjson"}, {"Content-Length": "7"}])
+def test_json_bytes_is_starlettes_response(headers):
+    """``JsonBytes`` builds the header list starlette's ``Response`` would, in the same order."""
+    from starlette.responses import Response
+
+    from server.service.encoding import JsonBytes
+
+    ours = JsonBytes(b'{"a":1}', headers)
+    theirs = Response(b'{"a":1}', media_type="application/json", headers=headers)
+    assert (ours.status_code, ours.body, ours.raw_headers, ours.background) == \
+        (theirs.status_code, theirs.body, theirs.raw_headers, theirs.background)

@@ -43,7 +43,8 @@ def _slices(x: np.ndarray) -> Iterator[tuple[int, np.ndarray]]:
     step = max(1, SLICE_VALUES // per_row)
     for a in range(0, x.shape[0], step):
         part = np.ascontiguousarray(x[a:a + step], dtype=np.float64)  # [r, ...]
-        if not np.isfinite(part).all():
+        # NOTE: the ufunc's reduce, not ndarray.all (a Python wrapper around the same reduce)
+        if not np.logical_and.reduce(np.isfinite(part), axis=None):
             raise ValueError("an answer holds a non-finite float (NaN or infinity); JSON cannot carry it")
         yield a, part
 
@@ -56,7 +57,10 @@ def float_array(x: np.ndarray) -> bytes:
 
 def float_records(x: np.ndarray, make: Callable[[int, np.ndarray], dict]) -> bytes:
     """A JSON array of one object per row of ``x`` [R, E]: ``make(row index, float64 row)``."""
-    return join_items(dumps([make(a + j, row) for j, row in enumerate(part)])[1:-1] for a, part in _slices(x))
+    slices = _slices(x)
+    if x.size <= SLICE_VALUES:  # one slice (a query's answer): its array is the whole array
+        return dumps([make(j, row) for _, part in slices for j, row in enumerate(part)])
+    return join_items(dumps([make(a + j, row) for j, row in enumerate(part)])[1:-1] for a, part in slices)
 
 
 def ragged_array(parts: Sequence[np.ndarray]) -> bytes:
@@ -87,11 +91,32 @@ async def render(build: Callable[[], T], *, weight: int) -> T:
     return await asyncio.to_thread(build)
 
 
+class JsonBytes(Response):
+    """A 200 JSON answer of bytes already encoded: starlette's Response, its header list built in
+    one pass (the headers given, then Content-Length and Content-Type, as ``init_headers`` orders
+    them; headers that name either of those two take starlette's own path)."""
+
+    media_type = "application/json"
+
+    def __init__(self, content: bytes, headers: dict[str, str] | None = None) -> None:
+        raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()] if headers else []
+        if any(k in _SIZED for k, _ in raw):
+            super().__init__(content, headers=headers)
+            return
+        self.status_code, self.background, self.body = 200, None, content
+        raw.append((b"content-length", b"%d" % len(content)))
+        raw.append((b"content-type", b"application/json"))
+        self.raw_headers = raw
+
+
+_SIZED = (b"content-length", b"content-type")
+
+
 def json_answer(content: bytes, headers: dict[str, str] | None = None) -> Response:
     """The answer; a big body goes out in STREAM_BYTES pieces (with its Content-Length), so the
     loop never copies it whole (the HTTP layer would, once per framing step)."""
     if len(content) <= STREAM_BYTES:
-        return Response(content, media_type="application/json", headers=headers)
+        return JsonBytes(content, headers)
     view = memoryview(content)
 
     async def pieces() -> AsyncIterator[bytes]:
