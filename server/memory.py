@@ -24,7 +24,6 @@ import contextlib
 import os
 import resource
 import unicodedata
-from typing import Iterator
 
 from server.http.errors import ApiError
 
@@ -160,10 +159,10 @@ class MemoryBudget:
         baseline = _status_kib("VmSize" if source.startswith("the address") else "VmRSS")
         return cls(limit, source=source, baseline=baseline, activations=activations)
 
-    @contextlib.contextmanager
-    def reserved(self, nbytes: int, *, what: str) -> Iterator["Held"]:
-        """Hold ``nbytes`` for the block: 413 when it can never fit, 429 when it does not fit now.
-        The block may ``shrink`` what it holds (an estimate made exact once the tokens are known)."""
+    def reserved(self, nbytes: int, *, what: str) -> "Held":
+        """Hold ``nbytes`` for the ``with`` block: 413 when it can never fit, 429 when it does not
+        fit now. The block may ``shrink`` what it holds (an estimate made exact once the tokens are
+        known). A plain context manager rather than a generator's: every request takes one."""
         total = self.total
         if total is not None:
             if nbytes > total:
@@ -179,19 +178,23 @@ class MemoryBudget:
                     f"not enough memory left for this request now ({nbytes / MIB:.0f} MiB; requests in flight "
                     f"hold {self.in_use / MIB:.0f} of {total / MIB:.0f} MiB under {self.source}); retry later",
                 )
-        held = Held(self, nbytes)
-        self.in_use += nbytes
-        try:
-            yield held
-        finally:
-            self.in_use -= held.nbytes
+        return Held(self, nbytes)
 
 
 class Held:
-    """The bytes one request holds in a MemoryBudget."""
+    """The bytes one request holds in a MemoryBudget, from entering the ``with`` block to leaving it."""
+
+    __slots__ = ("budget", "nbytes")
 
     def __init__(self, budget: MemoryBudget, nbytes: int) -> None:
         self.budget, self.nbytes = budget, nbytes
+
+    def __enter__(self) -> "Held":
+        self.budget.in_use += self.nbytes
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.budget.in_use -= self.nbytes
 
     def shrink(self, nbytes: int) -> None:
         """Hold ``nbytes`` instead, when that is less: the rest is free for other requests."""

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Iterator, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 from starlette.requests import Request
 
@@ -153,19 +153,9 @@ class Service:
         except prompts.UnknownPrompt as exc:
             raise ApiError("validation", str(exc)) from exc
 
-    @contextlib.contextmanager
-    def admitted(self, n_items: int) -> Iterator[None]:
-        """Hold ``n_items`` permits for the block; 429 at once when too few are left."""
-        if not self.permits.try_acquire(n_items):
-            raise ApiError(
-                "overloaded",
-                f"too many concurrent inputs (limit {self.permits.total}, {self.permits.in_use} in flight); "
-                "retry later",
-            )
-        try:
-            yield
-        finally:
-            self.permits.release(n_items)
+    def admitted(self, n_items: int) -> "_Admitted":
+        """Hold ``n_items`` permits for the ``with`` block; 429 at once when too few are left."""
+        return _Admitted(self.permits, n_items)
 
     # -- domain calls ---------------------------------------------------------------------------
     async def embed(self, request: Request, call: Call, texts: Sequence[str], *, prompt: str, truncate: bool,
@@ -375,3 +365,22 @@ async def _disconnected(request: Request) -> None:
         message = await request.receive()
         if message["type"] == "http.disconnect":
             return
+
+
+class _Admitted:
+    """``Service.admitted``'s block: a plain context manager rather than a generator's (every
+    inference request takes one)."""
+
+    __slots__ = ("permits", "n_items")
+
+    def __init__(self, permits: Permits, n_items: int) -> None:
+        self.permits, self.n_items = permits, n_items
+
+    def __enter__(self) -> None:
+        permits = self.permits
+        if not permits.try_acquire(self.n_items):
+            raise ApiError("overloaded", f"too many concurrent inputs (limit {permits.total}, {permits.in_use} in "
+                                         "flight); retry later")
+
+    def __exit__(self, *exc: object) -> None:
+        self.permits.release(self.n_items)
