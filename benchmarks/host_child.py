@@ -29,10 +29,13 @@ def zero_forward(runner, counts: dict) -> None:
     width = () if runner.kind == "reranker" else (runner.hidden_size,)
 
     def forward(batch):
-        t0 = time.thread_time()
+        # NOTE: the CPU clock is read only on the worker (two system calls): a lone batch on the
+        # prep thread or the event loop (scheduler/lane.py) pays for no instrument of its own.
+        on_worker = threading.current_thread().name == "rs-worker"
+        t0 = time.thread_time() if on_worker else 0.0
         out = torch.zeros((batch.num_seqs, *width), dtype=torch.float32, device=runner.device)
         counts["forwards"] += 1
-        if threading.current_thread().name == "rs-worker":  # a small batch may run on the prep thread
+        if on_worker:
             counts["worker_forwards"] += 1
             counts["worker_forward_cpu_s"] += time.thread_time() - t0
         return out

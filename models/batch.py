@@ -102,7 +102,7 @@ def _checked(input_ids, cu_seqlens) -> tuple[np.ndarray, np.ndarray]:
     lens = cu[1:] - cu[:-1]  # [B] (np.diff's own checks cost more than the subtraction)
     if ids.shape[0] != int(cu[-1]):
         raise ValueError(f"input_ids has {ids.shape[0]} tokens, cu_seqlens says {int(cu[-1])}")
-    if len(lens) and lens.min() <= 0:
+    if len(lens) and np.minimum.reduce(lens) <= 0:  # the ufunc's reduce: not ndarray.min's Python wrapper
         raise ValueError("every sequence needs at least one token")
     return ids, cu
 

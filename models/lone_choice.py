@@ -101,7 +101,7 @@ class LoneChoice:
             if old is None:
                 self.cost[path] = seconds
                 return
-            trial = any(c < old for c in self.cost.values())  # a path not chosen
+            trial = min(self.cost.values()) < old  # a path not chosen: another measures cheaper
             self.cost[path] = old + (TRIAL_WEIGHT if trial else WEIGHT) * (seconds - old)
 
     def describe(self) -> dict:

@@ -216,7 +216,7 @@ def encode_embedding_inputs(
     encodings = encode_texts(
         tokenizer, [prompt + t for t in texts], max_length=max_length, truncate=truncate, direction=direction
     )
-    return [list(e.ids) for e in encodings]
+    return [e.ids for e in encodings]  # each read of ``ids`` builds a fresh list
 
 
 class QueryTooLong(ValueError):
