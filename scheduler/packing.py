@@ -58,4 +58,9 @@ def split_outputs(out: Any, n: int) -> list:
 
 
 def _host(x: Any) -> np.ndarray:
-    return x.detach().cpu().numpy() if hasattr(x, "detach") else np.asarray(x)
+    if not hasattr(x, "detach"):
+        return np.asarray(x)
+    try:
+        return x.numpy()  # a host tensor without grad (what run answers): one call, not three
+    except (RuntimeError, TypeError):  # on a device, or requiring grad
+        return x.detach().cpu().numpy()

@@ -29,3 +29,9 @@ def test_marks_are_none_unless_an_entry_needs_them():
     mask, spaces = marks([entry(), entry(all_tokens=True), entry(namespace=b"t")])
     assert mask is not None and mask.dtype == bool and mask.tolist() == [False, True, False]
     assert spaces == [b"", b"", b"t"]
+
+
+def test_split_outputs_takes_tensors_that_need_detaching():
+    x = torch.arange(6.0).reshape(3, 2).requires_grad_()
+    rows = split_outputs(x * 2, 3)  # requires grad: numpy() refuses it, the detached copy serves
+    assert [r.tolist() for r in rows] == [[0, 2], [4, 6], [8, 10]] and rows[0].dtype == np.float32

@@ -171,15 +171,15 @@ def encode_texts(
         raise ValueError(f"max_length {max_length} leaves no room next to {n_special} special tokens")
     cut = functools.partial(_encode_cut, tokenizer, budget=budget, truncate=truncate, direction=direction,
                             n_special=n_special, max_length=max_length, add_special_tokens=add_special_tokens)
-    if any(len(t) > CHARS_PER_TOKEN * (budget + CUT_SLACK) for t in texts):
+    if max(map(len, texts), default=0) > CHARS_PER_TOKEN * (budget + CUT_SLACK):
         return cut(texts)
     # Every text is short enough that encode_bounded would encode it whole: encode and post-process
     # in one call (the same encodings as encoding, then adding the special tokens), and cut only
     # the texts whose tokens do not fit.
     encode = getattr(tokenizer, "encode_batch_fast", None) or tokenizer.encode_batch
-    out = encode(list(texts), add_special_tokens=add_special_tokens)
-    over = [i for i, e in enumerate(out) if len(e) > max_length]
-    if over:
+    out = encode(texts if isinstance(texts, list) else list(texts), add_special_tokens=add_special_tokens)
+    if max(map(len, out), default=0) > max_length:
+        over = [i for i, e in enumerate(out) if len(e) > max_length]
         for i, enc in zip(over, cut([texts[i] for i in over], index_of=over)):
             out[i] = enc
     return out
