@@ -242,8 +242,7 @@ class Runner:
             restore = current
         try:
             with torch.inference_mode():
-                if prepared.ready is not None:  # CUDA: the copy stream's event (None on a CPU)
-                    streams.await_copies(prepared.ready, streams.device_tensors(prepared), self.device)
+                streams.await_copies(prepared.ready, streams.device_tensors(prepared), self.device)
                 if batch.num_seqs == 0:
                     shape = self.output_shape(0)
                     out = torch.zeros(shape, dtype=torch.float32)

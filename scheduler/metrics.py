@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from bisect import bisect_left
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client import Counter as _Counter
@@ -144,6 +145,16 @@ class Metrics:
 
         self.prefix_cache = _PrefixCacheCollector()  # zeros until a cache is watched
         r.register(self.prefix_cache)
+
+    def batch_prepared(self, items: int, prepared: Any, prep_s: float) -> None:
+        """One batch prepared (``prepared``: its ``n_tokens``, ``n_compact`` and ``ratio``): its
+        size, its tokens, N'/N, the original and compact token counts, the time to prepare it."""
+        self.batch_next_size.observe(items)
+        self.batch_next_tokens.observe(prepared.n_tokens)
+        self.compression_ratio.observe(prepared.ratio)
+        self.tokens_original.inc(prepared.n_tokens)
+        self.tokens_compact.inc(prepared.n_compact)
+        self.batch_prep_duration.observe(prep_s)
 
     def exposition(self) -> bytes:
         """The /metrics body (Prometheus text format 0.0.4), TEI's request counters typed counter."""

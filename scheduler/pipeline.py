@@ -88,8 +88,7 @@ class Pipeline:
         # into a batch chosen from a shallow queue (worse prefix grouping, later cancellation).
         self._slot = threading.Semaphore(1)
         self._dead = threading.Event()
-        self._started = False
-        self._exited = threading.Event()  # set as any of the threads returns or dies (``_supervise``)
+        self._started, self._exited = False, threading.Event()  # _exited: a thread returned or died
         self._prep_busy = threading.Event()  # entries taken off the queue, not yet handed over
         self._batch_ids = itertools.count(1)
         self._idle_lock = threading.Lock()
@@ -119,8 +118,7 @@ class Pipeline:
 
     @property
     def alive(self) -> bool:
-        """Started, no thread of it has returned, and no device fault: three reads, no lock (every
-        request checks it; a thread's ``is_alive`` takes its lock)."""
+        """Started, no thread returned, no device fault: flags, no thread's lock (every request asks)."""
         return self._started and not self._exited.is_set() and not self._dead.is_set()
 
     def join(self, timeout: float) -> bool:
@@ -277,14 +275,8 @@ class Pipeline:
             input_ids, cu_seqlens = pack(batch.entries)
             mask, spaces = marks(batch.entries)
             batch.prepared = p = self.runner.prepare(input_ids, cu_seqlens, all_tokens=mask, namespaces=spaces)
-            m = self.metrics
-            if m is not None:
-                m.batch_next_size.observe(len(batch.entries))
-                m.batch_next_tokens.observe(p.n_tokens)
-                m.compression_ratio.observe(p.ratio)
-                m.tokens_original.inc(p.n_tokens)
-                m.tokens_compact.inc(p.n_compact)
-                m.batch_prep_duration.observe(time.monotonic() - batch.prep_start)
+            if self.metrics is not None:
+                self.metrics.batch_prepared(len(batch.entries), p, time.monotonic() - batch.prep_start)
         except Exception as exc:  # noqa: BLE001 - fails this batch only
             self._outcomes.fail(batch, "prepare", exc)
             return False
