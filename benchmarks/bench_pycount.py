@@ -1,6 +1,8 @@
-"""Python bytecodes one request executes, every thread counted: a count of operations, not a time.
+"""What one request executes in process: its Python bytecodes (every thread), or its CPU time with
+the caches warm and with them evicted.
 
     python -m benchmarks.bench_pycount [--preset tiny-embedding | --model-dir DIR] [--requests 50] [--top K]
+    python -m benchmarks.bench_pycount --cpu [--evict 8] [--requests 2000]
 
 The server's app in process (``create_app`` on the preset's fixture, the zero-cost forward of
 benchmarks/host_child.py, direct ASGI calls on uvloop, no sockets), warmed up, then ``--requests``
@@ -15,7 +17,15 @@ mostly Python spread over some fifty functions, each paid at an idle CPU's pace
 (docs/performance/latency.md), so a change that removes a few operations moves the socket
 benchmark by less than its run-to-run spread. The count moves only with the code a request runs
 (within a few bytecodes: a lone-path trial one batch in 256, a timer), so it says what a change
-removed; the socket benchmark says what that is worth on a machine. Nothing is asserted.
+removed; the socket benchmark says what that is worth on a machine.
+
+``--cpu`` times the same two requests instead (no trace): the process's CPU time per request
+(``time.process_time``, every thread; the lone request runs on the loop), in rounds that take
+turns between the caches as the previous request left them ("warm") and after ``--evict`` MiB were
+written just before each request ("evicted": what a neighbour's work, another server's turn in
+the socket benchmark, leaves). Prints the median of each, and the embedding request's excess
+over ``/health`` both ways: how much of the socket benchmark's excess is the code's cost and how
+much the pace of caches it finds cold. Nothing is asserted.
 """
 from __future__ import annotations
 
@@ -25,7 +35,9 @@ import collections
 import json
 import os
 import sys
+import statistics
 import threading
+import time
 
 
 async def _call(app, path: str, method: str = "GET", payload: bytes = b"") -> int:
@@ -73,16 +85,24 @@ class Counter:
         return self
 
 
-async def measure(app, requests: int, top: int) -> dict:
+def _calls() -> dict:
     from benchmarks.bench_front import ONE_INPUT
 
     body = json.dumps({"input": ONE_INPUT, "model": "tiny"}).encode()
-    calls = {"/health": ("GET", b""), "/v1/embeddings": ("POST", body)}
+    return {"/health": ("GET", b""), "/v1/embeddings": ("POST", body)}
+
+
+async def _warm(app, calls: dict) -> None:
+    for _ in range(300):  # kernels built, the lone path measured, caches filled
+        for path, (method, payload) in calls.items():
+            assert await _call(app, path, method, payload) == 200, path
+
+
+async def measure(app, requests: int, top: int) -> dict:
+    calls = _calls()
     out: dict = {}
     async with app.router.lifespan_context(app):
-        for _ in range(300):  # warm: kernels built, the lone path measured, caches filled
-            for path, (method, payload) in calls.items():
-                assert await _call(app, path, method, payload) == 200, path
+        await _warm(app, calls)
         for path, (method, payload) in calls.items():
             counter = Counter(by_function=top > 0 and path != "/health")
             threading.settrace(counter)
@@ -99,12 +119,35 @@ async def measure(app, requests: int, top: int) -> dict:
     return out
 
 
+async def cpu_times(app, requests: int, evict_mib: int) -> dict:
+    """Median CPU seconds per request by (route, "warm" | "evicted"), the rounds taking turns."""
+    import numpy as np
+
+    calls = _calls()
+    scratch = np.zeros(max(evict_mib, 1) << 20, dtype=np.uint8)  # written whole to evict the caches
+    spent: dict = collections.defaultdict(list)
+    async with app.router.lifespan_context(app):
+        await _warm(app, calls)
+        for _ in range(requests):
+            for state in ("warm", "evicted"):
+                for path, (method, payload) in calls.items():
+                    if state == "evicted":
+                        scratch += 1
+                    t0 = time.process_time()
+                    await _call(app, path, method, payload)
+                    spent[path, state].append(time.process_time() - t0)
+    return {key: statistics.median(values) for key, values in spent.items()}
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tiny-embedding")
     parser.add_argument("--model-dir", default=None, help="an embedding checkpoint instead of the preset's fixture")
     parser.add_argument("--requests", type=int, default=50)
     parser.add_argument("--top", type=int, default=0, help="also list the K functions that execute the most")
+    parser.add_argument("--cpu", action="store_true", help="time each request's CPU, warm and evicted, instead")
+    parser.add_argument("--evict", type=int, default=8, metavar="MIB",
+                        help="--cpu: MiB written before each evicted request")
     args = parser.parse_args(argv)
 
     import uvloop
@@ -118,7 +161,16 @@ def main(argv: list[str] | None = None) -> dict:
     config = parse_config(["--model-id", where, "--served-model-name", "tiny"])
     runner = load_runner(config)
     zero_forward(runner, {})
-    result = uvloop.run(measure(create_app(config, runner=runner), args.requests, args.top))
+    app = create_app(config, runner=runner)
+    if args.cpu:
+        times = uvloop.run(cpu_times(app, args.requests, args.evict))
+        for state in ("warm", "evicted"):
+            health, embed = times["/health", state] * 1e6, times["/v1/embeddings", state] * 1e6
+            print(f"CPU per request, {state}{f' ({args.evict} MiB written before each)' if state == 'evicted' else ''}:"
+                  f" /health {health:.0f} us, one-input /v1/embeddings {embed:.0f} us, excess {embed - health:.0f} us"
+                  f" (median of {args.requests})")
+        return times
+    result = uvloop.run(measure(app, args.requests, args.top))
     health, embed = result["/health"], result["/v1/embeddings"]
     print(f"bytecodes per request: /health {health:.0f}, one-input /v1/embeddings {embed:.0f}, "
           f"excess {embed - health:.0f} ({args.requests} requests each)")
