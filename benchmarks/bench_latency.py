@@ -58,6 +58,9 @@ def serve_child(argv: list[str]) -> int:
     forward, root, *cli_argv = argv
     if root:
         sys.path.insert(0, root)
+        # NOTE: the front ends the engine starts (``python -m server.frontends.frontend``) import
+        # from their working directory first: the checkout's, so they are ``root``'s too
+        os.chdir(root)
     from benchmarks.host_child import zero_forward
 
     import server.app
@@ -289,7 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     peer = a.peer or (a.target[0].partition("=")[0] if a.target else None)
     if peer is not None and peer not in {arm.name for arm in arms}:
         raise SystemExit(f"--peer {peer}: no --arm or --target of that name")
-    model = a.model_dir or str(fixtures.cached(a.preset))
+    model = os.path.abspath(a.model_dir) if a.model_dir else str(fixtures.cached(a.preset))  # the child may chdir
     extra = ["--served-model-name", a.served_model_name] if a.served_model_name else []
     if a.log_dir:
         os.makedirs(a.log_dir, exist_ok=True)

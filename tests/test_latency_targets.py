@@ -1,12 +1,17 @@
 """benchmarks/latency_targets.py and bench_latency's repeated runs: the one-input targets of
-docs/performance/latency.md read off every run, with the count of runs that met each."""
+docs/performance/latency.md read off every run, with the count of runs that met each; an arm
+from another checkout runs that checkout's code in every process it starts."""
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
 from benchmarks import bench_latency, latency_targets
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _row(server, p50, p99, less_health=0.0):
@@ -46,3 +51,20 @@ def test_repeated_runs_keep_the_servers_and_read_the_targets_off_each(tiny_embed
     assert by["real", "p50"]["values"] == [round(r["real"]["whole_p50_ms"] / r["other"]["whole_p50_ms"], 4)
                                            for r in rows]
     assert doc["machine"]["load_end"]
+
+
+@pytest.mark.slow
+def test_an_arm_from_another_checkout_runs_its_front_ends_from_it_too(tiny_embedding_dir, tmp_path, capsys):
+    # the other checkout: this one's packages, its front end marking which file it imported
+    root = tmp_path / "checkout"
+    for package in ("server", "scheduler", "models", "kernels", "fixtures", "loadtest", "benchmarks"):
+        shutil.copytree(ROOT / package, root / package, ignore=shutil.ignore_patterns("__pycache__"))
+    marks = tmp_path / "imported"
+    frontend = root / "server" / "frontends" / "frontend.py"
+    future = "from __future__ import annotations\n"
+    mark = f"open({str(marks)!r}, 'a').write(__file__ + '\\n')\n"
+    frontend.write_text(frontend.read_text().replace(future, future + mark, 1))
+    rc = bench_latency.main(["--model-dir", str(tiny_embedding_dir), "--arm", f"other=zero,root={root},api-servers=2",
+                             "--requests", "2", "--warmup", "1", "--json"])
+    assert rc == 0 and json.loads(capsys.readouterr().out)["runs"][0]["rows"][0]["n"] == 2
+    assert marks.read_text().splitlines() == [str(frontend)] * 2  # both front ends, from the other checkout
