@@ -230,6 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     from server.app import create_app, load_runner
     from server.http import listener, tracing
+    from server.http.access_log import AccessLog
 
     tune_switch_interval()
     from models.startup import begin_process
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     freeze_startup_objects()
     clock.mark("freeze")  # the warm-up runs on the worker thread when the app starts, then the total
     lifecycle = app.state.lifecycle
-    served = tracing.instrument(app, endpoint=config.otlp_endpoint, service_name=config.otlp_service_name)
+    served = AccessLog(tracing.instrument(app, endpoint=config.otlp_endpoint, service_name=config.otlp_service_name))
     uv_config = listener.uvicorn_config(
         served,
         stack=config.http_stack,

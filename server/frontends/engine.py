@@ -164,7 +164,7 @@ class Engine:
 
         server = uvicorn.Server(uvicorn_config(app, stack=self.config.http_stack,
                                                header_timeout_s=self.config.header_read_timeout, log_config=None,
-                                               lifespan="off", access_log=False))
+                                               lifespan="off"))
         server.config.load()
         server.lifespan = server.config.lifespan_class(server.config)
         await server.startup(sockets=[sock])

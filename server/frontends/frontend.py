@@ -67,6 +67,7 @@ def main(argv: list[str]) -> int:
     from server.app import create_app
     from server.process import freeze_startup_objects
     from server.http import listener, tracing
+    from server.http.access_log import AccessLog
     from server.http.connections import paced
     from server.http.logs import setup_logging
 
@@ -80,7 +81,7 @@ def main(argv: list[str]) -> int:
     app.add_middleware(FrontendHeader, index=index)
     sockets = paced(listening)
     freeze_startup_objects()
-    served = tracing.instrument(app, endpoint=config.otlp_endpoint, service_name=config.otlp_service_name)
+    served = AccessLog(tracing.instrument(app, endpoint=config.otlp_endpoint, service_name=config.otlp_service_name))
     uv_config = listener.uvicorn_config(
         served, stack=config.http_stack, header_timeout_s=config.header_read_timeout,
         max_connections=config.max_connections, log_config=None,

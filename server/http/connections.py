@@ -176,7 +176,8 @@ def paced(sockets: list[socket.socket]) -> list[socket.socket]:
 
 
 class HeadTimeout:
-    """Mixin for uvicorn's HTTP protocols: head timeout, Nagle off, the connection cap."""
+    """Mixin for uvicorn's HTTP protocols: head timeout, Nagle off, the connection cap, and no
+    access line of uvicorn's (server/http/access_log.py writes it after the answer)."""
 
     header_timeout_s: float = 10.0
     connections_book: Connections | None = None
@@ -192,6 +193,7 @@ class HeadTimeout:
 
     def connection_made(self, transport) -> None:
         no_delay(transport)
+        self.access_log = False  # uvicorn's line, written before the answer: AccessLog's comes after it
         self._head_timer: asyncio.TimerHandle | None = None
         self._counted = False
         self._head_seen = bytearray()

@@ -60,7 +60,10 @@ def protocol_class(header_timeout_s: float, *, stack: str = "auto", max_connecti
 def uvicorn_config(app, *, stack: str, header_timeout_s: float, max_connections: int | None = None,
                    **kw) -> uvicorn.Config:
     """uvicorn.Config on our protocol and the stack's event loop (uvloop with httptools, asyncio
-    with h11); ``kw``: uvicorn's other settings."""
+    with h11); ``kw``: uvicorn's other settings. uvicorn's access line is off on every connection of
+    our protocol; the API's app writes its own after the answer (server/http/access_log.py).
+    (uvicorn's ``access_log=False`` is not for here: it takes the ``uvicorn.access`` logger's
+    handlers away for the whole process, that line included.)"""
     http = protocol_class(header_timeout_s, stack=stack, max_connections=max_connections)
     loop = "uvloop" if resolve_stack(stack) == "httptools" else "asyncio"
     # NOTE: h11's own cap (16 KiB, a 400) sits above ours, so every over-long head gets our 431.
@@ -170,6 +173,5 @@ def metrics_server(registry, *, sock: socket.socket, stack: str, header_timeout_
 
     app = metrics_app(registry, on_scrape=on_scrape, healthy=healthy)
     config = uvicorn_config(app, stack=stack, header_timeout_s=header_timeout_s,
-                            max_connections=max_connections, log_config=None, lifespan="off",
-                            access_log=False)
+                            max_connections=max_connections, log_config=None, lifespan="off")
     return uvicorn.Server(config), [sock]
